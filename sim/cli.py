@@ -1,0 +1,43 @@
+"""The ``kvsim`` command line: subcommands are small modules that register themselves.
+
+Built-in commands live in ``sim.commands``; other packages (``experiments``) add theirs
+through the ``kvsim.commands`` entry-point group, so ``sim`` never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from sim.errors import KvsimError
+
+BUILTIN_COMMANDS = ("sim.commands.run",)
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available subcommand."""
+    parser = argparse.ArgumentParser(prog="kvsim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in BUILTIN_COMMANDS:
+        importlib.import_module(module_name).add_command(sub)
+    for ep in sorted(entry_points(group="kvsim.commands"), key=lambda e: e.name):
+        ep.load()(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; user errors print one line and exit with status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KvsimError as error:
+        print(f"kvsim: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Built-in ``kvsim`` subcommands; each module exposes ``add_command(subparsers)``."""

@@ -1,0 +1,65 @@
+"""``kvsim run CONFIG [--out DIR] [--set KEY=VALUE ...]``: one simulation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.config.loader import load_config
+from sim.engine import simulate
+from sim.rundir import write_run
+from sim.units import format_bytes
+
+SUMMARY_ROWS = (
+    ("requests finished", "requests_finished", "{:d}"),
+    ("requests rejected", "requests_rejected", "{:d}"),
+    ("output tokens/s", "output_tokens_per_s", "{:,.1f}"),
+    ("TTFT p50 / p99", ("ttft_p50_s", "ttft_p99_s"), "ms"),
+    ("TPOT p50 / p99", ("tpot_p50_s", "tpot_p99_s"), "ms"),
+    ("E2E p50", ("e2e_p50_s",), "ms"),
+    ("HBM peak", "hbm_peak_bytes", "bytes"),
+    ("KV pool", "kv_pool_bytes", "bytes"),
+    ("preemptions", "preemptions", "{:d}"),
+    ("simulated time", "sim_time_s", "{:.1f} s"),
+    ("wall time", "wall_time_s", "{:.2f} s"),
+)
+
+
+def _cell(summary: dict, key: str | tuple[str, ...], fmt: str) -> str:
+    if fmt == "ms":
+        values = [summary[k] for k in key]
+        return " / ".join("-" if v is None else f"{v * 1e3:.1f} ms" for v in values)
+    if fmt == "bytes":
+        return format_bytes(summary[key])
+    return fmt.format(summary[key])
+
+
+def format_summary(summary: dict) -> str:
+    """The short table ``kvsim run`` prints."""
+    width = max(len(label) for label, _, _ in SUMMARY_ROWS)
+    return "\n".join(f"{label:<{width}}  {_cell(summary, k, f)}" for label, k, f in SUMMARY_ROWS)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Load, simulate, print the summary, write the run directory."""
+    config = load_config(args.config, args.set)
+    result = simulate(config, base_dir=Path(args.config).parent)
+    print(format_summary(result.summary))
+    out = write_run(result, args.out or Path("runs") / Path(args.config).stem)
+    print(f"wrote {out}/")
+    return 0
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``kvsim run``."""
+    parser = sub.add_parser("run", help="simulate one config", description=__doc__)
+    parser.add_argument("config", help="run config YAML")
+    parser.add_argument("--out", type=Path, help="run directory (default: runs/CONFIG_NAME)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set engine.max_num_seqs=64 (repeatable)",
+    )
+    parser.set_defaults(func=run_command)

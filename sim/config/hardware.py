@@ -1,0 +1,75 @@
+"""Hardware profile schema: one GPU (or a CPU standing in), its host DRAM, link and SSD."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sim.config.base import Bandwidth, Bytes, FlopRate, PositiveBytes, Seconds, Strict
+
+LinkKind = Literal["pcie-gen4", "pcie-gen5", "nvlink-c2c", "infinity-fabric", "memcpy"]
+
+
+class Hbm(Strict):
+    """Device memory: capacity, peak bandwidth, and what the runtime keeps for itself."""
+
+    capacity: PositiveBytes
+    bandwidth: Bandwidth
+    runtime_reserve: Bytes = 0.0
+
+
+class Compute(Strict):
+    """Dense peak compute rates."""
+
+    bf16_flops: FlopRate
+    fp8_flops: FlopRate | None = None
+
+
+class Dram(Strict):
+    """Host memory available to this device."""
+
+    capacity: Bytes
+    bandwidth: Bandwidth
+
+
+class Link(Strict):
+    """The host link, per direction: achievable bandwidth and per-transfer latency."""
+
+    kind: LinkKind
+    h2d: Bandwidth
+    d2h: Bandwidth
+    latency: Seconds = 0.0
+    coherent: bool = False
+
+
+class Ssd(Strict):
+    """Optional NVMe tier (capacity 0 = none)."""
+
+    capacity: Bytes = 0.0
+    read: Bandwidth = 7e9
+    write: Bandwidth = 4e9
+    latency: Seconds = 80e-6
+
+
+class Efficiency(Strict):
+    """Achieved fractions of peak and fixed overheads: the cost model's tunable parameters."""
+
+    gemm: float = Field(0.7, gt=0, le=1)
+    attention: float = Field(0.5, gt=0, le=1)
+    hbm: float = Field(0.85, gt=0, le=1)
+    step_overhead: Seconds = 0.0
+    layer_overhead: Seconds = 0.0
+
+
+class HardwareSpec(Strict):
+    """A hardware profile (``hardware_profiles/NAME.yaml``)."""
+
+    name: str
+    description: str = ""
+    hbm: Hbm
+    compute: Compute
+    dram: Dram
+    link: Link
+    ssd: Ssd = Ssd()
+    efficiency: Efficiency = Efficiency()
