@@ -106,7 +106,8 @@ class CostModel:
         m, moe = self.model, self.model.moe
         assert moe is not None
         routed = tokens * moe.top_k
-        touched = moe.experts * (1.0 - (1.0 - 1.0 / moe.experts) ** routed)
+        # each token picks top_k distinct experts: P(expert unused) = (1 - k/E)^tokens
+        touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
         expert = m.mlp_gemms(moe.expert_intermediate)
         shared = moe.shared_experts * self._gemms_time(tokens, expert)
         router = self.gemm_time(tokens, m.hidden, moe.experts)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sim.config.loader import load_config
 from sim.engine import simulate
+from sim.errors import ConfigError
 from sim.rundir import write_run
 from sim.units import format_bytes
 
@@ -43,7 +44,10 @@ def format_summary(summary: dict) -> str:
 def run_command(args: argparse.Namespace) -> int:
     """Load, simulate, print the summary, write the run directory."""
     config = load_config(args.config, args.set)
-    result = simulate(config, base_dir=Path(args.config).parent)
+    try:
+        result = simulate(config, base_dir=Path(args.config).parent)
+    except ConfigError as error:
+        raise error.at(str(args.config)) from None
     print(format_summary(result.summary))
     out = write_run(result, args.out or Path("runs") / Path(args.config).stem)
     print(f"wrote {out}/")

@@ -1,0 +1,87 @@
+"""Bundled profiles load, and derived sizes match hand-computed figures."""
+
+import pytest
+
+from sim.config.loader import load_hardware, load_model, profile_names
+
+HARDWARE = [
+    "a100-80g-sxm",
+    "h100-sxm",
+    "h100-pcie",
+    "h200-sxm",
+    "gh200",
+    "l40s",
+    "mi300x",
+    "cpu-host",
+]
+MODELS = [
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "mixtral-8x7b",
+    "deepseek-v3",
+]
+
+
+def test_every_required_profile_is_bundled():
+    assert set(HARDWARE) <= set(profile_names("hardware"))
+    assert set(MODELS) <= set(profile_names("model"))
+
+
+@pytest.mark.parametrize("name", HARDWARE)
+def test_hardware_profiles_validate(name):
+    hw = load_hardware(name)
+    assert hw.name == name
+    assert hw.hbm.capacity > hw.hbm.runtime_reserve > 0
+    assert 0 < hw.efficiency.gemm <= 1
+
+
+# KV bytes per token = 2 x layers x kv_heads x head_dim x 2 (bf16); MLA: layers x 576 x 2
+@pytest.mark.parametrize(
+    ("name", "kv_bytes"),
+    [
+        ("llama-3-8b", 2 * 32 * 8 * 128 * 2),  # 131,072
+        ("llama-2-7b", 2 * 32 * 32 * 128 * 2),  # 524,288
+        ("llama-2-13b", 2 * 40 * 40 * 128 * 2),
+        ("llama-2-70b", 2 * 80 * 8 * 128 * 2),
+        ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),
+        ("mixtral-8x7b", 2 * 32 * 8 * 128 * 2),
+        ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
+    ],
+)
+def test_kv_bytes_per_token(name, kv_bytes):
+    assert load_model(name).kv_bytes_per_token() == kv_bytes
+
+
+def test_llama3_8b_kv_per_token_is_128kib():
+    assert load_model("llama-3-8b").kv_bytes_per_token() == 131_072
+    assert load_model("llama-3-8b").kv_bytes_per_token(1.0) == 65_536  # fp8 KV
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [  # model cards / hardware-figures.md section 4
+        ("llama-2-7b", 6.74e9, 6.74e9),
+        ("llama-3-8b", 8.03e9, 8.03e9),
+        ("llama-3-70b", 70.55e9, 70.55e9),
+        ("mixtral-8x7b", 46.70e9, 12.88e9),
+        ("deepseek-v3", 671.0e9, 37.6e9),
+    ],
+)
+def test_parameter_counts(name, total, active):
+    model = load_model(name)
+    assert model.total_params == pytest.approx(total, rel=0.01)
+    assert model.active_params == pytest.approx(active, rel=0.01)
+
+
+def test_llama3_8b_flops_per_token_by_hand():
+    # per layer: QKV 4096x6144 + O 4096x4096 + gate/up 4096x28672 + down 14336x4096; LM head
+    m = load_model("llama-3-8b")
+    per_layer = 4096 * 6144 + 4096 * 4096 + 4096 * 28672 + 14336 * 4096
+    macs = 32 * per_layer + 4096 * 128256
+    assert m.linear_flops_per_token == 2 * macs
