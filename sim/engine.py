@@ -10,13 +10,18 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from sim.blocks import DRAM, HBM, SSD
 from sim.config.run import RunConfig
-from sim.costmodel import CostModel, CostParams, StepCost
-from sim.memory import BlockPool, HbmPlan, plan_hbm
+from sim.costmodel import CostModel, CostParams
+from sim.kvcache import KvManager, StepIO
+from sim.links import Links
+from sim.memory import HbmPlan, plan_hbm
 from sim.metrics import Timeline, request_frame, summarize
 from sim.scheduler import Batch, Scheduler
 from sim.workload import build_requests
 from sim.workload.requests import Requests
+
+ACCESS_STREAM = 0x6B76  # the access model's random stream, apart from the workload's
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,14 @@ class RunResult:
     summary: dict
 
 
+def layerwise_step_s(transfer_s: float, layer_compute_s: float, layers: int) -> float:
+    """A step whose KV streams in layer by layer while earlier layers compute."""
+    x = transfer_s / layers
+    return x + (layers - 1) * max(x, layer_compute_s) + layer_compute_s
+
+
 class Engine:
-    """Iteration-level continuous batching over an HBM-resident KV pool (``kv.mode: hbm``)."""
+    """Iteration-level continuous batching over tiered KV memory (``kv.mode``)."""
 
     def __init__(self, config: RunConfig, requests: Requests):
         self.config = config
@@ -40,31 +51,64 @@ class Engine:
             config.model, CostParams.from_hardware(config.hardware), config.kv_dtype_bytes
         )
         self.plan = plan_hbm(config, self.cost)
-        self.pool = BlockPool(self.plan.pool_blocks)
-        self.scheduler = Scheduler(config.engine, requests, self.pool)
-        self.timeline = Timeline()
         self.env = simpy.Environment()
+        self.links = Links.from_hardware(self.env, config.hardware)
+        rng = np.random.default_rng([config.seed, ACCESS_STREAM])
+        self.kv = KvManager(config, requests, self.env, self.links, self.plan.pool_blocks, rng)
+        self.scheduler = Scheduler(config.engine, requests, self.kv)
+        self.timeline = Timeline()
         self._wakeup = self.env.event()
         self._arrived = 0
+        self._marks = [0.0] * 8
+        self.stall_s = 0.0
+        loaded = self.scheduler._loaded
+
+        def on_loaded(rid: int) -> None:
+            loaded(rid)
+            self._wake()
+
+        self.kv.on_loaded = on_loaded
 
     def run(self) -> RunResult:
         """Simulate until every request has finished or been rejected."""
         started = time.perf_counter()
         self.env.process(self._arrivals())
         self.env.run(self.env.process(self._steps()))
+        end = self.env.now
+        self.env.run()  # let asynchronous copies (write-through) drain
         s = self.scheduler
         requests = request_frame(
-            self.requests,
-            s.scheduled_s,
-            s.first_token_s,
-            s.finish_s,
-            s.preemptions,
+            self.requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
             s.reject_reason,
-        )
+        )  # fmt: skip
         timeline = self.timeline.to_frame()
-        summary = summarize(requests, timeline, self.env.now)
+        summary = summarize(requests, timeline, end)
+        summary.update(self._tier_summary())
         summary["wall_time_s"] = time.perf_counter() - started
         return RunResult(self.config, self.plan, requests, timeline, summary)
+
+    def _tier_summary(self) -> dict:
+        c, links = self.kv.counters, self.links
+        lookups = max(c.lookup_blocks, 1)
+        return {
+            "hbm_hit_rate": c.hits[HBM] / lookups,
+            "dram_hit_rate": c.hits[DRAM] / lookups,
+            "ssd_hit_rate": c.hits[SSD] / lookups,
+            "prefix_lookup_blocks": c.lookup_blocks,
+            "prefix_hit_tokens": c.prefix_hit_tokens,
+            "recomputed_tokens": self.scheduler.recomputed_tokens,
+            "hbm_access_hit_rate": c.access_hbm_hits / max(c.access_blocks, 1),
+            "h2d_bytes": links.h2d.bytes_delivered,
+            "d2h_bytes": links.d2h.bytes_delivered,
+            "ssd_read_bytes": links.ssd_read.bytes_delivered,
+            "ssd_write_bytes": links.ssd_write.bytes_delivered,
+            "stall_s": self.stall_s,
+            "swaps": c.swaps,
+        }
+
+    def _wake(self) -> None:
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
 
     def _arrivals(self):
         """Hand requests to the scheduler at their arrival times (one event per instant)."""
@@ -76,39 +120,107 @@ class Engine:
             for rid in range(bounds[i], bounds[i + 1]):
                 self.scheduler.add(rid)
             self._arrived = bounds[i + 1]
-            if not self._wakeup.triggered:
-                self._wakeup.succeed()
+            self._wake()
 
     def _steps(self):
-        """The engine loop: schedule, run the step for its cost-model time, apply it."""
+        """The engine loop: schedule, move what the step needs, compute, apply."""
         s = self.scheduler
         while True:
-            if not s.has_work:
-                if self._arrived == len(self.requests):
-                    return
+            if not s.has_work and self._arrived == len(self.requests):
+                return
+            batch = s.schedule(self.env.now) if s.has_work else None
+            if batch is None or len(batch.ids) == 0:
+                if batch is not None and len(batch.preempted):
+                    continue
+                if not s.loading and self._arrived == len(self.requests) and s.has_work:
+                    raise RuntimeError("scheduler made no progress with work pending")
                 yield self._wakeup
                 self._wakeup = self.env.event()
                 continue
-            batch = s.schedule(self.env.now)
-            if len(batch.ids) == 0:
-                if len(batch.preempted) == 0:
-                    raise RuntimeError("scheduler made no progress with work pending")
-                continue
-            cost = self.cost.step(batch.new_tokens, batch.context, batch.num_sampled)
-            self._record(batch, cost)
-            yield self.env.timeout(cost.total_s)
-            s.complete(batch, self.env.now)
+            yield from self._step(batch)
 
-    def _record(self, batch: Batch, cost: StepCost) -> None:
-        """One timeline row for the step about to run (HBM as held during it)."""
-        plan, s = self.plan, self.scheduler
+    def _room_bytes(self, activations: float) -> float:
+        """HBM left for KV (cache and staging) once weights, reserve and activations are in."""
+        p = self.plan
+        return p.usable - p.weights - p.runtime_reserve - activations
+
+    def _step(self, batch: Batch):
+        """One engine step: blocking copies, then compute overlapped with the step's fetch."""
         activations = self.cost.activation_bytes(batch.num_tokens, batch.num_sampled)
-        kv = self.pool.num_used * plan.block_bytes
+        io = self.kv.plan_step(batch.ids, batch.context, batch.new_tokens, self._room_bytes(activations))
+        cost = self.cost.step(batch.new_tokens, io.attention_context, batch.num_sampled)
+        params = self.cost.params
+        compute = cost.total_s + (io.decompress_bytes + io.fetch_bytes * (io.decompress_bytes > 0)) / params.memory_bandwidth
+        start = self.env.now
+        if io.blocking:
+            yield simpy.AllOf(self.env, io.blocking)
+        yield from self._compute_with_fetch(io, compute, params.step_overhead_s)
+        step_s = self.env.now - start
+        self.stall_s += max(step_s - compute, 0.0)
+        self.scheduler.complete(batch, self.env.now)
+        self._record(start, step_s, batch, cost, io, activations)
+
+    def _compute_with_fetch(self, io: StepIO, compute: float, overhead: float):
+        layers = self.config.model.layers
+        h2d = self.links.h2d
+        if io.fetch_bytes <= 0:
+            yield self.env.timeout(compute)
+            return
+        per_layer = (compute - overhead) / layers
+        if self.config.engine.layer_events:
+            yield from self._layer_by_layer(io, per_layer, layers)
+            yield self.env.timeout(overhead)
+        elif self.config.kv.layerwise:
+            t0 = self.env.now
+            yield h2d.transfer(io.fetch_bytes, io.fetch_chunk, latencies=layers)
+            fetched = self.env.now - t0
+            total = layerwise_step_s(fetched, per_layer, layers) + overhead
+            yield self.env.timeout(max(total - fetched, 0.0))
+        else:
+            yield h2d.transfer(io.fetch_bytes, io.fetch_chunk)
+            yield self.env.timeout(compute)
+
+    def _layer_by_layer(self, io: StepIO, per_layer: float, layers: int):
+        """Per-layer events: layer i's KV copy, then its compute once the previous layer ended."""
+        h2d = self.links.h2d
+        arrived = [self.env.event() for _ in range(layers)]
+
+        def copies():
+            for event in arrived:
+                yield h2d.transfer(io.fetch_bytes / layers, io.fetch_chunk)
+                event.succeed()
+
+        self.env.process(copies())
+        for event in arrived:
+            yield event
+            yield self.env.timeout(per_layer)
+
+    def _link_deltas(self) -> tuple[float, ...]:
+        links = self.links
+        now = (
+            links.h2d.bytes_delivered, links.d2h.bytes_delivered,
+            links.ssd_read.bytes_delivered, links.ssd_write.bytes_delivered,
+            links.h2d.busy_s, links.d2h.busy_s,
+            float(sum(self.kv.counters.hits)), float(self.kv.counters.access_hbm_hits),
+        )  # fmt: skip
+        deltas = tuple(a - b for a, b in zip(now, self._marks, strict=True))
+        self._marks = list(now)
+        return deltas
+
+    def _record(self, start: float, step_s: float, batch: Batch, cost, io: StepIO, activations: float) -> None:
+        """One timeline row for a step (HBM as held during it, bytes moved during it)."""
+        plan, s, kv = self.plan, self.scheduler, self.kv
+        running, cached = kv.hbm_kv_bytes()
         decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
         prefill = int(batch.new_tokens[~decode].sum())
+        h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, hits, access_hits = self._link_deltas()
+        hbm_tier = kv.tiers[HBM]
+        pool = hbm_tier.capacity * hbm_tier.block_bytes
+        used = plan.weights + plan.runtime_reserve + activations + running + cached + io.staging_bytes
+        duration = max(step_s, 1e-12)
         self.timeline.record(
-            time_s=self.env.now,
-            step_s=cost.total_s,
+            time_s=start,
+            step_s=step_s,
             batch_size=len(batch.ids),
             step_tokens=batch.num_tokens,
             prefill_tokens=prefill,
@@ -117,15 +229,29 @@ class Engine:
             linear_s=cost.linear_s,
             attention_s=cost.attention_s,
             overhead_s=cost.overhead_s,
+            stall_s=max(step_s - cost.total_s, 0.0),
             running=len(s.running),
             waiting=len(s.waiting),
             preempted=len(batch.preempted),
             hbm_weights_bytes=plan.weights,
             hbm_reserve_bytes=plan.runtime_reserve,
             hbm_activation_bytes=activations,
-            hbm_kv_bytes=kv,
-            hbm_kv_pool_bytes=plan.kv_pool,
-            hbm_free_bytes=plan.capacity - plan.weights - plan.runtime_reserve - activations - kv,
+            hbm_kv_running_bytes=running,
+            hbm_kv_cached_bytes=cached,
+            hbm_staging_bytes=io.staging_bytes,
+            hbm_kv_bytes=running + cached,
+            hbm_kv_pool_bytes=pool,
+            hbm_free_bytes=plan.capacity - used,
+            dram_kv_bytes=kv.tiers[DRAM].used_bytes,
+            ssd_kv_bytes=kv.tiers[SSD].used_bytes,
+            h2d_bytes=h2d,
+            d2h_bytes=d2h,
+            ssd_read_bytes=ssd_r,
+            ssd_write_bytes=ssd_w,
+            h2d_util=min(h2d_busy / duration, 1.0),
+            d2h_util=min(d2h_busy / duration, 1.0),
+            prefix_hit_blocks=hits,
+            access_hbm_hits=access_hits,
         )
 
 
@@ -134,5 +260,7 @@ def simulate(
 ) -> RunResult:
     """Build the workload (unless given; trace paths resolve against ``base_dir``) and run."""
     if requests is None:
-        requests = build_requests(config.workload, config.seed, base_dir)
+        requests = build_requests(
+            config.workload, config.seed, base_dir, config.engine.block_tokens
+        )
     return Engine(config, requests).run()

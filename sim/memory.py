@@ -1,10 +1,8 @@
-"""HBM budget (what the KV pool gets) and the block pool (numpy free stack, per-block state)."""
+"""HBM budget: how start-up carves HBM into weights, reserve, activations and the KV pool."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from sim.config.run import RunConfig
 from sim.costmodel import CostModel
@@ -42,6 +40,15 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
     activation_peak = cost.activation_bytes(engine.max_batched_tokens, peak_seqs)
     fixed = config.model.weight_bytes + hw.hbm.runtime_reserve + activation_peak
     pool_blocks = int((usable - fixed) // config.block_bytes)
+    if engine.kv_pool_blocks is not None:
+        most = int((hw.hbm.capacity - fixed) // config.block_bytes)
+        if engine.kv_pool_blocks > most:
+            raise ConfigError(
+                f"{engine.kv_pool_blocks} blocks of {format_bytes(config.block_bytes)} do not fit"
+                f" beside weights, reserve and activations; expected at most {most}",
+                key="engine.kv_pool_blocks",
+            )
+        pool_blocks = engine.kv_pool_blocks
     if pool_blocks < 1:
         weights = format_bytes(config.model.weight_bytes)
         raise ConfigError(
@@ -62,45 +69,3 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
         block_bytes=config.block_bytes,
         pool_blocks=pool_blocks,
     )
-
-
-class BlockPool:
-    """A fixed pool of KV blocks: a free stack and per-block reference counts.
-
-    Invariant: ``num_free + ref_count.astype(bool).sum() == num_blocks``; a block is free
-    exactly when its reference count is 0.
-    """
-
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self.ref_count = np.zeros(num_blocks, dtype=np.int32)
-        # the stack pops from the end; reversed so that block 0 is handed out first
-        self._free = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
-        self._top = num_blocks
-
-    @property
-    def num_free(self) -> int:
-        """Blocks not held by any request."""
-        return self._top
-
-    @property
-    def num_used(self) -> int:
-        """Blocks held by requests."""
-        return self.num_blocks - self._top
-
-    def allocate(self, n: int) -> np.ndarray:
-        """Take ``n`` free blocks; the caller checked ``num_free``."""
-        if n > self._top:
-            raise RuntimeError(f"allocate({n}) with only {self._top} blocks free")
-        ids = self._free[self._top - n : self._top][::-1].copy()
-        self._top -= n
-        self.ref_count[ids] += 1
-        return ids
-
-    def free(self, ids: np.ndarray) -> None:
-        """Release blocks (their reference count drops; at zero they return to the stack)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        self.ref_count[ids] -= 1
-        released = ids[self.ref_count[ids] == 0][::-1]
-        self._free[self._top : self._top + len(released)] = released
-        self._top += len(released)

@@ -20,15 +20,32 @@ TIMELINE_COLUMNS = (
     "linear_s",
     "attention_s",
     "overhead_s",
+    "stall_s",
     "running",
     "waiting",
     "preempted",
     "hbm_weights_bytes",
     "hbm_reserve_bytes",
     "hbm_activation_bytes",
+    "hbm_kv_running_bytes",
+    "hbm_kv_cached_bytes",
+    "hbm_staging_bytes",
     "hbm_kv_bytes",
     "hbm_kv_pool_bytes",
     "hbm_free_bytes",
+    "dram_kv_bytes",
+    "ssd_kv_bytes",
+    "h2d_bytes",
+    "d2h_bytes",
+    "ssd_read_bytes",
+    "ssd_write_bytes",
+    "h2d_util",
+    "d2h_util",
+    "prefix_hit_blocks",
+    "access_hbm_hits",
+)
+FLOAT_COLUMNS = frozenset(
+    ("time_s", "step_s", "linear_s", "attention_s", "overhead_s", "stall_s", "h2d_util", "d2h_util")
 )
 
 
@@ -49,9 +66,8 @@ class Timeline:
         """The timeline as a DataFrame (integer columns stay integers)."""
         data = np.array(self._rows, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS))
         frame = pd.DataFrame(data, columns=list(TIMELINE_COLUMNS))
-        floats = {"time_s", "step_s", "linear_s", "attention_s", "overhead_s"}
         for column in TIMELINE_COLUMNS:
-            if column not in floats:
+            if column not in FLOAT_COLUMNS:
                 frame[column] = frame[column].astype(np.int64)
         return frame
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.config.run import EngineConfig
-from sim.memory import BlockPool
+from sim.kvcache import KvManager
 from sim.workload.requests import Requests
 
 WAITING, RUNNING, FINISHED, REJECTED = 1, 2, 3, 4
@@ -52,31 +52,32 @@ class Batch:
 class Scheduler:
     """Owns the waiting queue, the running set and every request's progress (numpy arrays)."""
 
-    def __init__(self, engine: EngineConfig, requests: Requests, pool: BlockPool):
+    def __init__(self, engine: EngineConfig, requests: Requests, kv: KvManager):
         self.engine = engine
-        self.pool = pool
+        self.kv = kv
         n = len(requests)
         self.prompt = requests.prompt_tokens.astype(np.int64)
         self.output = requests.output_tokens.astype(np.int64)
         self.computed = np.zeros(n, dtype=np.int64)
         self.generated = np.zeros(n, dtype=np.int64)
-        self.held = np.zeros(n, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.recomputed_tokens = 0
         self.status = np.zeros(n, dtype=np.int8)
         self.scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.reject_reason: dict[int, str] = {}
-        self.blocks: list[list[np.ndarray]] = [[] for _ in range(n)]
         self.waiting: deque[int] = deque()
         self.running = np.zeros(0, dtype=np.int64)
+        self.loading = 0
         self.max_len = self._max_sequence_tokens()
+        kv.on_loaded = self._loaded
 
     # --- arrivals ---------------------------------------------------------------------------
 
     def _max_sequence_tokens(self) -> int:
         """Longest sequence (prompt + output) the engine can ever hold."""
-        limits = [self.pool.num_blocks * self.engine.block_tokens + 1]
+        limits = [self.kv.home.capacity * self.engine.block_tokens + 1]
         if self.engine.max_model_len:
             limits.append(self.engine.max_model_len)
         if not self.engine.chunked_prefill:
@@ -102,60 +103,94 @@ class Scheduler:
             return "exceeds_max_batched_tokens_without_chunked_prefill"
         return "exceeds_kv_pool"
 
+    def _loaded(self, rid: int) -> None:
+        """A request's prefix finished loading from a lower tier: it goes first in line."""
+        self.loading -= 1
+        self.waiting.appendleft(rid)
+
     @property
     def has_work(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self.waiting) or len(self.running) > 0
+        """Whether any request is waiting, loading or running."""
+        return bool(self.waiting) or len(self.running) > 0 or self.loading > 0
 
     # --- one step ---------------------------------------------------------------------------
 
-    def _blocks_for(self, tokens: np.ndarray | int) -> np.ndarray:
-        return -(-np.asarray(tokens) // self.engine.block_tokens)
+    def _remaining(self, ids: np.ndarray) -> np.ndarray:
+        return self.prompt[ids] + self.generated[ids] - self.computed[ids]
 
     def _schedule_running(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokens for each running request in order, preempting from the tail if needed."""
         ids = self.running
-        remaining = self.prompt[ids] + self.generated[ids] - self.computed[ids]
-        before = np.cumsum(remaining) - remaining
-        n = np.clip(budget - before, 0, remaining)
-        need = np.maximum(self._blocks_for(self.computed[ids] + n) - self.held[ids], 0)
-        # keep the longest prefix whose needs fit in the free blocks plus what the
-        # requests behind it would release if preempted (vLLM preempts from the tail)
-        need_upto = np.concatenate(([0], np.cumsum(need)))
-        held_after = np.concatenate((np.cumsum(self.held[ids][::-1])[::-1], [0]))
-        fits = need_upto <= self.pool.num_free + held_after
-        keep = int(np.flatnonzero(fits)[-1])
-        preempted = ids[keep:]
-        for rid in preempted[::-1]:
-            self._preempt(int(rid))
-        self.running = ids[:keep]
-        self._allocate(ids[:keep], need[:keep])
-        return ids[:keep], n[:keep], preempted
+        remaining = self._remaining(ids)
+        n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
+        need = np.maximum(-(-(self.computed[ids] + n) // self.engine.block_tokens) - self.kv.held[ids], 0)
+        if need.sum() <= self.kv.available:
+            for rid, k, t in zip(ids.tolist(), need.tolist(), (self.computed[ids] + n).tolist(), strict=True):
+                if k:
+                    self.kv.allocate(rid, t)
+            return ids, n, ids[:0]
+        return self._schedule_running_preempting(ids, n)
+
+    def _schedule_running_preempting(self, ids: np.ndarray, n: np.ndarray):
+        """vLLM's loop: allocate in order; when a request does not fit, preempt the newest."""
+        running = ids.tolist()
+        tokens = n.tolist()
+        preempted: list[int] = []
+        i = 0
+        while i < len(running):
+            rid, target = running[i], int(self.computed[running[i]]) + tokens[i]
+            while self.kv.need(rid, target) > self.kv.available:
+                victim = running.pop()
+                preempted.append(victim)
+                self._preempt(victim)
+                if victim == rid:
+                    break
+            else:
+                self.kv.allocate(rid, target)
+                i += 1
+                continue
+            break
+        kept = np.asarray(running, dtype=np.int64)
+        self.running = kept
+        return kept, np.asarray(tokens[: len(running)], dtype=np.int64), np.asarray(preempted, dtype=np.int64)
 
     def _preempt(self, rid: int) -> None:
-        """Recompute preemption: drop the request's KV, back to the head of the queue."""
-        self._release(rid)
-        self.computed[rid] = 0
+        """Preempt by swap (KV kept in DRAM) or recompute (KV dropped); back to the queue head."""
+        swapped = self.kv.preempt(rid, swap=self.engine.preemption == "swap")
+        if not swapped:
+            self.recomputed_tokens += int(self.computed[rid])
+            self.computed[rid] = 0
         self.preemptions[rid] += 1
         self.status[rid] = WAITING
         self.waiting.appendleft(rid)
 
-    def _release(self, rid: int) -> None:
-        if self.blocks[rid]:
-            self.pool.free(np.concatenate(self.blocks[rid]))
-        self.blocks[rid] = []
-        self.held[rid] = 0
-
-    def _allocate(self, ids: np.ndarray, need: np.ndarray) -> None:
-        total = int(need.sum())
-        if total == 0:
-            return
-        blocks = self.pool.allocate(total)
-        ends = np.cumsum(need)
-        for rid, count, end in zip(ids.tolist(), need.tolist(), ends.tolist(), strict=True):
-            if count:
-                self.blocks[rid].append(blocks[end - count : end])
-        self.held[ids] += need
+    def _admit_one(self, rid: int, budget: int) -> int | None:
+        """Admit the queue head: its tokens this step, 0 if it went loading, None if it can't."""
+        kv = self.kv
+        if rid in kv.swapped:
+            n = min(int(self._remaining(np.array([rid]))[0]), budget)
+            if len(kv.blocks[rid]) + kv.need(rid, int(self.computed[rid]) + n) > kv.available:
+                return None
+            kv.swap_in(rid)
+            kv.allocate(rid, int(self.computed[rid]) + n)
+            return n
+        fresh = kv.held[rid] == 0  # new, or preempted by recompute: look up its prefix
+        hits = kv.match(rid) if fresh else []
+        start = len(hits) * self.engine.block_tokens if fresh else int(self.computed[rid])
+        total = int(self.prompt[rid] + self.generated[rid])
+        if not self.engine.chunked_prefill and total - start > budget:
+            return None
+        n = min(total - start, budget)
+        cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
+        if cost > kv.available:
+            return None
+        if fresh:
+            self.computed[rid] = start
+            if kv.take(rid, hits):
+                self.loading += 1
+                return 0
+        kv.allocate(rid, start + n)
+        return n
 
     def _admit_waiting(self, budget: int, now: float) -> tuple[list[int], list[int]]:
         """Admit waiting requests FCFS while budget, sequence cap and blocks allow."""
@@ -164,16 +199,12 @@ class Scheduler:
         seats = self.engine.max_num_seqs - len(self.running)
         while self.waiting and budget > 0 and len(ids) < seats:
             rid = self.waiting[0]
-            remaining = int(self.prompt[rid] + self.generated[rid])
-            if not self.engine.chunked_prefill and remaining > budget:
-                break
-            n = min(remaining, budget)
-            need = int(self._blocks_for(n))
-            if need > self.pool.num_free:
+            n = self._admit_one(rid, budget)
+            if n is None:
                 break
             self.waiting.popleft()
-            self.blocks[rid].append(self.pool.allocate(need))
-            self.held[rid] = need
+            if n == 0:
+                continue
             self.status[rid] = RUNNING
             if np.isnan(self.scheduled_s[rid]):
                 self.scheduled_s[rid] = now
@@ -203,6 +234,9 @@ class Scheduler:
         """Apply a finished step: KV grows, samples are taken, done requests leave."""
         ids, samples = batch.ids, batch.samples
         self.computed[ids] += batch.new_tokens
+        if self.kv.prefix:
+            for rid in ids[self.computed[ids] // self.engine.block_tokens > self.kv.registered[ids]].tolist():
+                self.kv.register(rid, int(self.computed[rid]))
         sampled = ids[samples]
         self.generated[sampled] += 1
         first = sampled[np.isnan(self.first_token_s[sampled])]
@@ -212,6 +246,6 @@ class Scheduler:
             self.finish_s[done] = now
             self.status[done] = FINISHED
             for rid in done.tolist():
-                self._release(rid)
+                self.kv.release(rid)
             self.running = self.running[np.isin(self.running, done, invert=True)]
         return done

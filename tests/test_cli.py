@@ -95,7 +95,7 @@ BAD = {
         ["model 'llama-3-70b' does not fit", "131.42 GiB", "79.65 GiB"],
     ),
     "yaml": ("seed: 0\nmodel: [unclosed\n", ["invalid YAML"]),
-    "mode": ({**BASE, "kv": {"mode": "dram_centric"}}, ["kv.mode", "the modes that exist: hbm"]),
+    "mode": ({**BASE, "kv": {"mode": "dram-centric"}}, ["kv.mode", "hbm, offload, dram_centric"]),
 }
 
 

@@ -112,8 +112,8 @@ class InvariantEngine(Engine):
             s = self.scheduler
             live = s.running
             expected = -(-s.computed[live] // config_block(self))
-            assert np.array_equal(s.held[live], expected)
-            assert self.pool.num_used == s.held.sum()
+            assert np.array_equal(s.kv.held[live], expected)
+            assert s.kv.home.resident - len(s.kv.home.evictable) == s.kv.held.sum()
             assert len(live) <= self.config.engine.max_num_seqs
             return done
 

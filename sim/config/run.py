@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
 from sim.config.base import DTYPE_BYTES, Strict
 from sim.config.hardware import HardwareSpec
-from sim.config.model import Dtype, ModelSpec
+from sim.config.kv import KvConfig
+from sim.config.model import ModelSpec
 from sim.config.workload import WorkloadConfig
 
-KV_MODES = ("hbm",)
 
 
 class EngineConfig(Strict):
@@ -22,24 +22,10 @@ class EngineConfig(Strict):
     chunked_prefill: bool = True
     block_tokens: int = Field(16, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    preemption: Literal["recompute"] = "recompute"
+    preemption: Literal["recompute", "swap"] = "recompute"
     max_model_len: int | None = Field(None, gt=0)
-
-
-class KvConfig(Strict):
-    """Where KV lives. ``hbm``: PagedAttention, a static pool in HBM."""
-
-    mode: str = "hbm"
-    dtype: Dtype | None = None
-
-    @field_validator("mode")
-    @classmethod
-    def _known_mode(cls, mode: str) -> str:
-        if mode not in KV_MODES:
-            raise ValueError(
-                f"unknown KV mode {mode!r}; the modes that exist: {', '.join(KV_MODES)}"
-            )
-        return mode
+    kv_pool_blocks: int | None = Field(None, gt=0)
+    layer_events: bool = False
 
 
 class RunConfig(Strict):
@@ -52,12 +38,35 @@ class RunConfig(Strict):
     engine: EngineConfig = EngineConfig()
     kv: KvConfig = KvConfig()
 
+    @model_validator(mode="after")
+    def _coherent_link_for_direct_read(self) -> RunConfig:
+        if self.kv.direct_read and not self.hardware.link.coherent:
+            raise ValueError(
+                f"kv.direct_read needs a coherent host link (hardware.link.coherent: true, as "
+                f"NVLink-C2C on gh200); {self.hardware.name!r} has {self.hardware.link.kind}"
+            )
+        return self
+
     @property
     def kv_dtype_bytes(self) -> float:
         """Bytes per KV element in HBM."""
         return DTYPE_BYTES[self.kv.dtype] if self.kv.dtype else self.model.dtype_bytes
 
+    def tier_dtype_bytes(self, tier: str) -> float:
+        """Bytes per KV element stored in ``hbm``, ``dram`` or ``ssd`` (lower tiers may compress)."""
+        dram = DTYPE_BYTES[self.kv.dram_dtype] if self.kv.dram_dtype else self.kv_dtype_bytes
+        if tier == "hbm":
+            return self.kv_dtype_bytes
+        if tier == "dram":
+            return dram
+        return DTYPE_BYTES[self.kv.ssd_dtype] if self.kv.ssd_dtype else dram
+
+    def tier_block_bytes(self, tier: str) -> float:
+        """Bytes of one KV block (``block_tokens`` tokens, all layers) in a tier."""
+        per_token = self.model.kv_bytes_per_token(self.tier_dtype_bytes(tier))
+        return self.engine.block_tokens * per_token
+
     @property
     def block_bytes(self) -> float:
-        """Bytes of one KV block (``block_tokens`` tokens, all layers) in HBM."""
-        return self.engine.block_tokens * self.model.kv_bytes_per_token(self.kv_dtype_bytes)
+        """Bytes of one KV block in HBM."""
+        return self.tier_block_bytes("hbm")

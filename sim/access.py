@@ -1,0 +1,54 @@
+"""Which KV blocks decode attention reads: all of them, or a sparse hot set.
+
+Sparse: attention-sink blocks, a recent window, and the top-k middle blocks by a latent heat
+score. Each step a fraction ``drift`` of a sequence's middle blocks draw a fresh score, so
+the hot set drifts over time. Every draw comes from the run's seeded Generator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sim.config.kv import FullAccess, SparseAccess
+
+
+class AccessModel:
+    """Picks the blocks one decode step of one sequence reads."""
+
+    def __init__(self, spec: FullAccess | SparseAccess, rng: np.random.Generator):
+        self.spec = spec
+        self.rng = rng
+        self.sparse = isinstance(spec, SparseAccess)
+
+    def initial_heat(self) -> float:
+        """Latent score of a newly written block."""
+        return float(self.rng.random()) if self.sparse else 0.0
+
+    def topk(self, n: int) -> int:
+        """How many middle blocks the top-k part reads for a sequence of ``n`` blocks."""
+        spec = self.spec
+        assert isinstance(spec, SparseAccess)
+        if spec.topk_fraction is not None:
+            return math.ceil(spec.topk_fraction * n)
+        return spec.topk_blocks or 0
+
+    def decode_blocks(self, blocks: np.ndarray, heat: np.ndarray) -> np.ndarray:
+        """Ids (from ``blocks``, the sequence's blocks in order) that this decode step reads."""
+        if not self.sparse or len(blocks) == 0:
+            return blocks
+        spec = self.spec
+        assert isinstance(spec, SparseAccess)
+        n = len(blocks)
+        sink = min(spec.sink_blocks, n)
+        window_start = max(sink, n - spec.window_blocks)
+        middle = blocks[sink:window_start]
+        k = self.topk(n)
+        if k >= len(middle):
+            return blocks
+        if spec.drift > 0:
+            redraw = middle[self.rng.random(len(middle)) < spec.drift]
+            heat[redraw] = self.rng.random(len(redraw))
+        hot = middle[np.argpartition(-heat[middle], k - 1)[:k]] if k else middle[:0]
+        return np.concatenate((blocks[:sink], np.sort(hot), blocks[window_start:]))

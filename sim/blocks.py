@@ -1,0 +1,85 @@
+"""Block metadata for millions of KV blocks: numpy arrays indexed by block id.
+
+A block is ``block_tokens`` tokens of one sequence over all layers. It may have copies in
+several tiers at once (``where[tier, b]``). ``ref`` counts the live requests that use it;
+a block whose prompt prefix is known carries a chained ``hash`` and, once its KV is
+computed, is found through :attr:`BlockTable.index` by any request with the same prefix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HBM, DRAM, SSD = 0, 1, 2
+TIER_NAMES = ("hbm", "dram", "ssd")
+NO_HASH = 0
+
+
+class BlockTable:
+    """Structure of arrays over block ids; ids of dead blocks are recycled."""
+
+    def __init__(self, initial: int = 1024):
+        self.size = 0
+        self._free_ids: list[int] = []
+        self.where = np.zeros((3, initial), dtype=bool)
+        self.ref = np.zeros(initial, dtype=np.int32)
+        self.hash = np.zeros(initial, dtype=np.uint64)
+        self.owner = np.full(initial, -1, dtype=np.int64)
+        self.position = np.zeros(initial, dtype=np.int64)
+        self.last_access = np.zeros(initial)
+        self.access_count = np.zeros(initial, dtype=np.int64)
+        self.heat = np.zeros(initial)
+        self.dirty = np.zeros(initial, dtype=bool)
+        self.index: dict[int, int] = {}
+
+    @property
+    def capacity(self) -> int:
+        """Allocated length of the arrays."""
+        return len(self.ref)
+
+    def _grow(self) -> None:
+        n = self.capacity
+        self.where = np.concatenate((self.where, np.zeros((3, n), dtype=bool)), axis=1)
+        for name in ("ref", "hash", "owner", "position", "last_access", "access_count", "heat"):
+            old = getattr(self, name)
+            fill = -1 if name == "owner" else 0
+            setattr(self, name, np.concatenate((old, np.full(n, fill, dtype=old.dtype))))
+        self.dirty = np.concatenate((self.dirty, np.zeros(n, dtype=bool)))
+
+    def new(self, owner: int, position: int, heat: float) -> int:
+        """A fresh block (no tier yet, ref 1) for ``owner``'s block number ``position``."""
+        if self._free_ids:
+            b = self._free_ids.pop()
+        else:
+            if self.size == self.capacity:
+                self._grow()
+            b = self.size
+            self.size += 1
+        self.ref[b] = 1
+        self.owner[b] = owner
+        self.position[b] = position
+        self.heat[b] = heat
+        self.hash[b] = NO_HASH
+        self.access_count[b] = 0
+        self.dirty[b] = False
+        return b
+
+    def register(self, b: int, block_hash: int) -> None:
+        """Make a computed block findable by its prefix hash (first writer wins)."""
+        if block_hash != NO_HASH and block_hash not in self.index:
+            self.hash[b] = block_hash
+            self.index[block_hash] = b
+
+    def drop(self, b: int) -> None:
+        """The block left every tier and no request uses it: forget it, recycle its id."""
+        h = int(self.hash[b])
+        if h != NO_HASH and self.index.get(h) == b:
+            del self.index[h]
+        self.hash[b] = NO_HASH
+        self.owner[b] = -1
+        self._free_ids.append(b)
+
+    def live(self) -> np.ndarray:
+        """Ids of blocks in at least one tier or referenced."""
+        n = self.size
+        return np.flatnonzero(self.where[:, :n].any(axis=0) | (self.ref[:n] > 0))

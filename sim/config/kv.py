@@ -1,0 +1,110 @@
+"""The ``kv`` section: where KV lives, how attention reads it, which policies manage it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from sim.config.base import Bytes, Strict
+from sim.config.model import Dtype
+
+KV_MODES = ("hbm", "offload", "dram_centric")
+PREFETCHERS = ("none",)
+
+
+class FullAccess(Strict):
+    """Decode attention reads every block of the sequence."""
+
+    kind: Literal["full"] = "full"
+
+
+class SparseAccess(Strict):
+    """Decode attention reads sink blocks, a recent window and the top-k blocks by heat."""
+
+    kind: Literal["sparse"]
+    sink_blocks: int = Field(1, ge=0)
+    window_blocks: int = Field(16, ge=0)
+    topk_blocks: int | None = Field(64, ge=0)
+    topk_fraction: float | None = Field(None, ge=0, le=1)
+    drift: float = Field(0.05, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_topk(self) -> SparseAccess:
+        if self.topk_fraction is not None and "topk_blocks" in self.model_fields_set:
+            raise ValueError("give topk_blocks or topk_fraction, not both")
+        return self
+
+
+def _bare_kind(value: Any) -> Any:
+    return {"kind": value} if isinstance(value, str) else value
+
+
+Access = Annotated[
+    FullAccess | SparseAccess, BeforeValidator(_bare_kind), Field(discriminator="kind")
+]
+
+
+def _check_policy(spec: Any) -> Any:
+    from policies.registry import check_spec
+
+    check_spec(spec)
+    return spec
+
+
+PolicySpec = Annotated[str | dict[str, Any], BeforeValidator(_check_policy)]
+
+
+class TierPolicy(Strict):
+    """Per-tier overrides (``kv.hbm.eviction``)."""
+
+    eviction: PolicySpec | None = None
+
+
+class KvConfig(Strict):
+    """Where KV lives: ``hbm`` (PagedAttention), ``offload`` or ``dram_centric``."""
+
+    mode: str = "hbm"
+    dtype: Dtype | None = None
+    dram_capacity: Bytes | None = None
+    ssd_capacity: Bytes | None = None
+    access: Access = FullAccess()
+    layerwise: bool = True
+    write_policy: Literal["write_through", "write_back"] = "write_through"
+    direct_read: bool = False
+    dram_dtype: Dtype | None = None
+    ssd_dtype: Dtype | None = None
+    prefix_caching: bool = True
+    eviction: PolicySpec = "lru"
+    prefetch: str = "none"
+    hbm: TierPolicy = TierPolicy()
+    dram: TierPolicy = TierPolicy()
+    ssd: TierPolicy = TierPolicy()
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in KV_MODES:
+            raise ValueError(f"unknown KV mode {mode!r}; the modes that exist: {', '.join(KV_MODES)}")
+        return mode
+
+    @field_validator("prefetch")
+    @classmethod
+    def _known_prefetch(cls, name: str) -> str:
+        if name not in PREFETCHERS:
+            raise ValueError(
+                f"unknown prefetch policy {name!r}; the prefetchers that exist: "
+                f"{', '.join(PREFETCHERS)} (on demand: blocks are fetched when a step needs them)"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _direct_read_needs_dram_centric(self) -> KvConfig:
+        if self.direct_read and self.mode != "dram_centric":
+            raise ValueError("direct_read: true needs mode: dram_centric")
+        return self
+
+    def eviction_for(self, tier: str) -> str | dict[str, Any]:
+        """The eviction policy of a tier (its own, else ``kv.eviction``)."""
+        own = getattr(self, tier).eviction
+        return own if own is not None else self.eviction

@@ -1,0 +1,391 @@
+"""The KV cache manager: blocks of every request across HBM, DRAM and SSD, per ``kv.mode``.
+
+The scheduler asks it for room (``available``, ``need``, ``allocate``), prefix hits
+(``match``/``take``) and releases; the engine asks it what a step must move (``plan_step``).
+
+Modes:
+- ``hbm``: running KV in an HBM pool (PagedAttention); freed prefix blocks stay cached in
+  HBM until evicted; preemption by recompute or swap (to DRAM and back).
+- ``offload``: as ``hbm``; prefix blocks also go down to DRAM (write-through when computed,
+  or write-back when evicted) and from DRAM to SSD; a lower-tier hit is loaded, not recomputed.
+- ``dram_centric``: DRAM is every block's home and bounds admission; HBM caches hot blocks
+  in whatever weights, activations and staging leave; each step fetches what it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from policies.registry import make_eviction
+from sim.access import AccessModel
+from sim.blocks import DRAM, HBM, SSD, BlockTable
+from sim.config.run import RunConfig
+from sim.links import Links
+from sim.tiers import Tier
+from sim.workload.requests import Requests
+
+
+@dataclass
+class Counters:
+    """Running totals for the summary (and per-step deltas for the timeline)."""
+
+    lookup_blocks: int = 0
+    hits: list[int] = field(default_factory=lambda: [0, 0, 0])
+    prefix_hit_tokens: int = 0
+    access_blocks: int = 0
+    access_hbm_hits: int = 0
+    swaps: int = 0
+
+
+@dataclass(frozen=True)
+class StepIO:
+    """What a step moves: bytes fetched on its critical path, blocking copies, staging."""
+
+    fetch_bytes: float
+    fetch_chunk: float
+    blocking: list[simpy.Event]
+    staging_bytes: float
+    attention_context: np.ndarray
+    decompress_bytes: float
+
+
+class KvManager:
+    """Owns the block table, the tiers, prefix matching and the per-step data movement."""
+
+    def __init__(
+        self, config: RunConfig, requests: Requests, env: simpy.Environment, links: Links,
+        hbm_blocks: int, rng: np.random.Generator,
+    ):  # fmt: skip
+        self.config, self.env, self.links = config, env, links
+        kv = config.kv
+        self.mode = kv.mode
+        self.bt = config.engine.block_tokens
+        self.layers = config.model.layers
+        self.table = BlockTable()
+        self.access = AccessModel(kv.access, rng)
+        self.prefix = kv.prefix_caching and requests.prefix_hashes is not None
+        self.hashes = requests.prefix_hashes
+        self.prompt = requests.prompt_tokens
+        dram_capacity = kv.dram_capacity if kv.dram_capacity is not None else config.hardware.dram.capacity
+        ssd_capacity = kv.ssd_capacity if kv.ssd_capacity is not None else config.hardware.ssd.capacity
+        self.tiers = [
+            self._tier(HBM, "hbm", hbm_blocks * config.tier_block_bytes("hbm")),
+            self._tier(DRAM, "dram", dram_capacity),
+            self._tier(SSD, "ssd", ssd_capacity),
+        ]
+        self.home = self.tiers[DRAM] if self.mode == "dram_centric" else self.tiers[HBM]
+        self.lookup_tiers = 1 if self.mode == "hbm" else 3  # hbm mode: DRAM only holds swaps
+        n = len(requests)
+        self.blocks: list[list[int]] = [[] for _ in range(n)]
+        self.held = np.zeros(n, dtype=np.int64)
+        self.registered = np.zeros(n, dtype=np.int64)
+        self.swapped: set[int] = set()
+        self.blocking: list[simpy.Event] = []
+        self.counters = Counters()
+        self.on_loaded = lambda rid: None
+        self.loads_in_flight = 0
+
+    def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
+        block_bytes = self.config.tier_block_bytes(name)
+        policy = make_eviction(self.config.kv.eviction_for(name))
+        return Tier(index, name, int(capacity_bytes // block_bytes), block_bytes, policy, self.table)
+
+    # --- room in the home tier ----------------------------------------------------------------
+
+    @property
+    def available(self) -> int:
+        """Blocks the home tier can give (free slots plus evictable cached blocks)."""
+        return self.home.available
+
+    def need(self, rid: int, tokens: int) -> int:
+        """New blocks ``rid`` needs to hold ``tokens`` tokens."""
+        return max(-(-tokens // self.bt) - int(self.held[rid]), 0)
+
+    def _make_room(self, tier: Tier, n: int, pinned: np.ndarray | None = None) -> None:
+        """Evict until ``n`` blocks fit in ``tier`` (the caller checked ``available``)."""
+        for b in tier.evict(n - tier.free_slots, pinned):
+            self._demote(b, tier)
+
+    def allocate(self, rid: int, tokens: int) -> None:
+        """Give ``rid`` blocks for ``tokens`` tokens in the home tier."""
+        k = self.need(rid, tokens)
+        if k == 0:
+            return
+        self._make_room(self.home, k)
+        now = self.env.now
+        for i in range(k):
+            b = self.table.new(rid, int(self.held[rid]) + i, self.access.initial_heat())
+            self.home.add(b, now, evictable=False)
+            self.blocks[rid].append(b)
+        self.held[rid] += k
+
+    # --- leaving ------------------------------------------------------------------------------
+
+    def release(self, rid: int) -> None:
+        """``rid`` no longer needs its blocks: cache the hashed ones, drop the rest (tail first)."""
+        now = self.env.now
+        for b in reversed(self.blocks[rid]):
+            self.table.ref[b] -= 1
+            if self.table.ref[b] > 0:
+                continue
+            if self.prefix and self.table.hash[b]:
+                for tier in self.tiers:
+                    if self.table.where[tier.index, b]:
+                        tier.make_evictable(b, now)
+            else:
+                self._forget(b)
+        self.blocks[rid] = []
+        self.held[rid] = 0
+        self.registered[rid] = 0
+
+    def _forget(self, b: int) -> None:
+        for tier in self.tiers:
+            if self.table.where[tier.index, b]:
+                tier.remove(b)
+        self.table.drop(b)
+
+    def _demote(self, b: int, tier: Tier) -> None:
+        """After ``b`` was evicted from ``tier``: copy it down if worth keeping, else forget it."""
+        t = self.table
+        below = self.tiers[tier.index + 1] if tier.index < SSD else None
+        keep = self.prefix and t.hash[b] and t.ref[b] == 0 and self.mode != "hbm"
+        if tier.index == HBM and self.mode == "dram_centric":
+            if t.dirty[b]:
+                self.blocking.append(self.links.d2h.transfer(self.tiers[DRAM].block_bytes))
+                t.dirty[b] = False
+            return
+        if keep and below is not None and below.capacity > 0 and not t.where[below.index, b]:
+            self._insert(below, b)
+            link = self.links.d2h if tier.index == HBM else self.links.ssd_write
+            event = link.transfer(below.block_bytes)
+            if tier.index == HBM:
+                self.blocking.append(event)  # the slot is reused only after the copy left
+        if not t.where[:, b].any() and t.ref[b] == 0:
+            t.drop(b)
+
+    def _insert(self, tier: Tier, b: int) -> None:
+        """Place a copy of ``b`` in a lower tier as an evictable block."""
+        if tier.available < 1:
+            return
+        self._make_room(tier, 1)
+        tier.add(b, self.env.now, evictable=True)
+
+    # --- preemption -----------------------------------------------------------------------
+
+    def preempt(self, rid: int, swap: bool) -> bool:
+        """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped."""
+        dram = self.tiers[DRAM]
+        if swap and self.mode != "dram_centric" and dram.available >= len(self.blocks[rid]):
+            moving = [b for b in self.blocks[rid] if not self.table.where[DRAM, b]]
+            self._make_room(dram, len(moving))
+            now = self.env.now
+            for b in self.blocks[rid]:
+                self.tiers[HBM].remove(b)
+                if self.table.where[DRAM, b]:
+                    dram.pin(b)
+                else:
+                    dram.add(b, now, evictable=False)
+            self.blocking.append(self.links.d2h.transfer(len(moving) * dram.block_bytes))
+            self.swapped.add(rid)
+            self.counters.swaps += 1
+            return True
+        self.release(rid)
+        return False
+
+    def swap_in(self, rid: int) -> None:
+        """Bring a swapped request's blocks back to HBM (the step waits for the copy)."""
+        blocks = self.blocks[rid]
+        self._make_room(self.home, len(blocks))
+        now = self.env.now
+        dram = self.tiers[DRAM]
+        for b in blocks:
+            dram.remove(b)
+            self.home.add(b, now, evictable=False)
+        self.blocking.append(self.links.h2d.transfer(len(blocks) * dram.block_bytes))
+        self.swapped.discard(rid)
+
+    # --- prefix hits ----------------------------------------------------------------------
+
+    def match(self, rid: int) -> list[tuple[int, int]]:
+        """(block, tier) of the longest cached prefix of ``rid``'s prompt (at least one token left)."""
+        if not self.prefix:
+            return []
+        hashes = self.hashes[rid]
+        limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+        found = []
+        for h in hashes[:limit].tolist():
+            b = self.table.index.get(h)
+            if b is None:
+                break
+            where = self.table.where[: self.lookup_tiers, b]
+            if not where.any():
+                break
+            found.append((b, int(np.argmax(where))))
+        return found
+
+    def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
+        """Home-tier blocks admitting ``rid`` with ``hits`` and ``tokens`` computed would take."""
+        home = self.home.index
+        new = max(-(-tokens // self.bt) - len(hits), 0)
+        taken = sum(1 for b, tier in hits if tier == home and b in self.home.evictable)
+        lower = sum(1 for _, tier in hits if tier > home)
+        return new + taken + lower
+
+    def take(self, rid: int, hits: list[tuple[int, int]]) -> bool:
+        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
+        if not self.prefix:
+            return False
+        c = self.counters
+        c.lookup_blocks += min(len(self.hashes[rid]), (int(self.prompt[rid]) - 1) // self.bt)
+        now = self.env.now
+        loads: list[int] = []
+        for b, tier in hits:
+            c.hits[tier] += 1
+            self.table.ref[b] += 1
+            if tier == self.home.index or self.table.where[self.home.index, b]:
+                self.home.pin(b)
+                self.home.touch(b, now)
+            else:
+                loads.append(b)
+        self._make_room(self.home, len(loads))
+        for b in loads:
+            self.home.add(b, now, evictable=False)
+        self.blocks[rid] = [b for b, _ in hits]
+        self.held[rid] = len(hits)
+        self.registered[rid] = len(hits)
+        c.prefix_hit_tokens += len(hits) * self.bt
+        if loads:
+            self.loads_in_flight += 1
+            self.env.process(self._load(rid, loads))
+        return bool(loads)
+
+    def _load(self, rid: int, blocks: list[int]):
+        """Bring lower-tier blocks home: SSD -> DRAM, then (offload) DRAM -> HBM."""
+        on_ssd = [b for b in blocks if not self.table.where[DRAM, b]]
+        dram = self.tiers[DRAM]
+        if on_ssd:
+            yield self.links.ssd_read.transfer(len(on_ssd) * dram.block_bytes)
+            if self.home is not dram:
+                for b in on_ssd:
+                    self._insert(dram, b)
+        if self.home.index == HBM:
+            yield self.links.h2d.transfer(len(blocks) * dram.block_bytes, dram.block_bytes)
+        self.loads_in_flight -= 1
+        self.on_loaded(rid)
+
+    def register(self, rid: int, computed: int) -> None:
+        """Make ``rid``'s newly completed prompt blocks findable (and write them through)."""
+        if not self.prefix:
+            return
+        hashes = self.hashes[rid]
+        full = min(computed // self.bt, len(hashes), len(self.blocks[rid]))
+        offload_through = self.mode == "offload" and self.config.kv.write_policy == "write_through"
+        for i in range(int(self.registered[rid]), full):
+            b = self.blocks[rid][i]
+            self.table.register(b, int(hashes[i]))
+            if offload_through and not self.table.where[DRAM, b] and self.table.hash[b]:
+                dram = self.tiers[DRAM]
+                if dram.available >= 1:
+                    self._insert(dram, b)
+                    self.links.d2h.transfer(dram.block_bytes)
+        self.registered[rid] = max(int(self.registered[rid]), full)
+
+    # --- one step -------------------------------------------------------------------------
+
+    def _read_sets(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray):
+        """Blocks each sequence's attention reads, and the tokens it attends (sparse shrinks it)."""
+        attended = context.copy()
+        reads = []
+        heat = self.table.heat
+        for i, (rid, ctx, n) in enumerate(zip(ids.tolist(), context.tolist(), new.tolist(), strict=True)):
+            blocks = np.asarray(self.blocks[rid][: -(-ctx // self.bt)], dtype=np.int64)
+            if self.access.sparse and n == 1 and ctx >= self.prompt[rid]:
+                blocks = self.access.decode_blocks(blocks, heat)
+                attended[i] = min(ctx, len(blocks) * self.bt)
+            reads.append(blocks)
+        return reads, attended
+
+    def plan_step(
+        self, ids: np.ndarray, context: np.ndarray, new: np.ndarray, room_bytes: float
+    ) -> StepIO:
+        """Account a step's reads; in ``dram_centric`` fit the HBM cache into ``room_bytes``."""
+        reads, attended = self._read_sets(ids, context, new)
+        need = np.unique(np.concatenate(reads)) if reads else np.zeros(0, dtype=np.int64)
+        t, now, c = self.table, self.env.now, self.counters
+        t.last_access[need] = now
+        t.access_count[need] += 1
+        c.access_blocks += len(need)
+        blocking, self.blocking = self.blocking, []
+        if self.mode != "dram_centric":
+            c.access_hbm_hits += len(need)
+            return StepIO(0.0, 0.0, blocking, 0.0, attended, 0.0)
+        hbm, dram = self.tiers[HBM], self.tiers[DRAM]
+        misses = need[~t.where[HBM, need]]
+        c.access_hbm_hits += len(need) - len(misses)
+        for b in need[t.where[HBM, need]].tolist():
+            hbm.touch(b, now)
+        direct = self.config.kv.direct_read
+        staging = 0.0 if direct else 2.0 * len(misses) * hbm.block_bytes / self.layers
+        pinned = np.zeros(t.capacity, dtype=bool)
+        pinned[need] = True
+        hbm.capacity = max(int((room_bytes - staging) // hbm.block_bytes), 0)
+        self._shrink(hbm, pinned)
+        if not direct:
+            self._cache(hbm, misses, pinned)
+        produced = self._produced(ids, context, new)
+        self._cache(hbm, produced, pinned, dirty=self.config.kv.write_policy == "write_back")
+        if self.config.kv.write_policy == "write_through":
+            per_token = dram.block_bytes / self.bt
+            self.links.d2h.transfer(float(new.sum()) * per_token, dram.block_bytes)
+        blocking.extend(self.blocking)
+        self.blocking = []
+        fetch = len(misses) * dram.block_bytes
+        decompress = len(misses) * hbm.block_bytes if dram.block_bytes != hbm.block_bytes else 0.0
+        return StepIO(fetch, dram.block_bytes, blocking, staging, attended, decompress)
+
+    def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """Blocks this step starts writing (its new tokens' blocks not yet holding KV)."""
+        out = []
+        for rid, ctx, n in zip(ids.tolist(), context.tolist(), new.tolist(), strict=True):
+            out.extend(self.blocks[rid][-(-ctx // self.bt) : -(-(ctx + n) // self.bt)])
+        return np.asarray(out, dtype=np.int64)
+
+    def _shrink(self, hbm: Tier, pinned: np.ndarray) -> None:
+        """Evict the HBM cache down to its capacity, unpinned blocks first."""
+        over = hbm.resident - hbm.capacity
+        for mask in (pinned, None):
+            if over <= 0:
+                return
+            for b in hbm.evict(over, mask):
+                self._demote(b, hbm)
+            over = hbm.resident - hbm.capacity
+
+    def _cache(self, hbm: Tier, blocks: np.ndarray, pinned: np.ndarray, dirty: bool = False) -> None:
+        """Insert ``blocks`` into the HBM cache while room can be made from unpinned blocks."""
+        now = self.env.now
+        for b in blocks.tolist():
+            if self.table.where[HBM, b]:
+                continue
+            if hbm.free_slots < 1:
+                victims = hbm.evict(1, pinned)
+                if not victims:
+                    return
+                self._demote(victims[0], hbm)
+            hbm.add(b, now, evictable=True)
+            self.table.dirty[b] = dirty
+
+    # --- accounting -----------------------------------------------------------------------
+
+    def hbm_kv_bytes(self) -> tuple[float, float]:
+        """(running, cached) bytes of KV in HBM: blocks in use by a request, and the rest."""
+        t, hbm = self.table, self.tiers[HBM]
+        if self.home is hbm:
+            cached = len(hbm.evictable)
+            return (hbm.resident - cached) * hbm.block_bytes, cached * hbm.block_bytes
+        n = t.size
+        resident = t.where[HBM, :n]
+        running = int((resident & (t.ref[:n] > 0)).sum())
+        return running * hbm.block_bytes, (hbm.resident - running) * hbm.block_bytes
