@@ -147,16 +147,23 @@ class Engine:
     def _step(self, batch: Batch):
         """One engine step: blocking copies, then compute overlapped with the step's fetch."""
         activations = self.cost.activation_bytes(batch.num_tokens, batch.num_sampled)
-        io = self.kv.plan_step(batch.ids, batch.context, batch.new_tokens, self._room_bytes(activations))
+        io = self.kv.plan_step(
+            batch.ids, batch.context, batch.new_tokens, self._room_bytes(activations)
+        )
         cost = self.cost.step(batch.new_tokens, io.attention_context, batch.num_sampled)
         params = self.cost.params
-        compute = cost.total_s + (io.decompress_bytes + io.fetch_bytes * (io.decompress_bytes > 0)) / params.memory_bandwidth
+        compute = (
+            cost.total_s
+            + (io.decompress_bytes + io.fetch_bytes * (io.decompress_bytes > 0))
+            / params.memory_bandwidth
+        )
         start = self.env.now
         if io.blocking:
             yield simpy.AllOf(self.env, io.blocking)
         yield from self._compute_with_fetch(io, compute, params.step_overhead_s)
         step_s = self.env.now - start
-        self.stall_s += max(step_s - compute, 0.0)
+        waited = bool(io.blocking) or io.fetch_bytes > 0
+        self.stall_s += max(step_s - compute, 0.0) if waited else 0.0
         self.scheduler.complete(batch, self.env.now)
         self._record(start, step_s, batch, cost, io, activations)
 
@@ -207,7 +214,9 @@ class Engine:
         self._marks = list(now)
         return deltas
 
-    def _record(self, start: float, step_s: float, batch: Batch, cost, io: StepIO, activations: float) -> None:
+    def _record(
+        self, start: float, step_s: float, batch: Batch, cost, io: StepIO, activations: float
+    ) -> None:
         """One timeline row for a step (HBM as held during it, bytes moved during it)."""
         plan, s, kv = self.plan, self.scheduler, self.kv
         running, cached = kv.hbm_kv_bytes()
@@ -216,7 +225,9 @@ class Engine:
         h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, hits, access_hits = self._link_deltas()
         hbm_tier = kv.tiers[HBM]
         pool = hbm_tier.capacity * hbm_tier.block_bytes
-        used = plan.weights + plan.runtime_reserve + activations + running + cached + io.staging_bytes
+        used = (
+            plan.weights + plan.runtime_reserve + activations + running + cached + io.staging_bytes
+        )
         duration = max(step_s, 1e-12)
         self.timeline.record(
             time_s=start,
@@ -229,7 +240,7 @@ class Engine:
             linear_s=cost.linear_s,
             attention_s=cost.attention_s,
             overhead_s=cost.overhead_s,
-            stall_s=max(step_s - cost.total_s, 0.0),
+            stall_s=max(step_s - cost.total_s, 0.0) if io.blocking or io.fetch_bytes else 0.0,
             running=len(s.running),
             waiting=len(s.waiting),
             preempted=len(batch.preempted),

@@ -69,8 +69,12 @@ class KvManager:
         self.prefix = kv.prefix_caching and requests.prefix_hashes is not None
         self.hashes = requests.prefix_hashes
         self.prompt = requests.prompt_tokens
-        dram_capacity = kv.dram_capacity if kv.dram_capacity is not None else config.hardware.dram.capacity
-        ssd_capacity = kv.ssd_capacity if kv.ssd_capacity is not None else config.hardware.ssd.capacity
+        dram_capacity = (
+            kv.dram_capacity if kv.dram_capacity is not None else config.hardware.dram.capacity
+        )
+        ssd_capacity = (
+            kv.ssd_capacity if kv.ssd_capacity is not None else config.hardware.ssd.capacity
+        )
         self.tiers = [
             self._tier(HBM, "hbm", hbm_blocks * config.tier_block_bytes("hbm")),
             self._tier(DRAM, "dram", dram_capacity),
@@ -91,7 +95,9 @@ class KvManager:
     def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
         block_bytes = self.config.tier_block_bytes(name)
         policy = make_eviction(self.config.kv.eviction_for(name))
-        return Tier(index, name, int(capacity_bytes // block_bytes), block_bytes, policy, self.table)
+        return Tier(
+            index, name, int(capacity_bytes // block_bytes), block_bytes, policy, self.table
+        )
 
     # --- room in the home tier ----------------------------------------------------------------
 
@@ -157,6 +163,8 @@ class KvManager:
                 self.blocking.append(self.links.d2h.transfer(self.tiers[DRAM].block_bytes))
                 t.dirty[b] = False
             return
+        if tier is self.home and self.mode == "dram_centric" and t.where[HBM, b]:
+            self.tiers[HBM].remove(b)  # HBM caches DRAM: a block leaving home leaves the cache
         if keep and below is not None and below.capacity > 0 and not t.where[below.index, b]:
             self._insert(below, b)
             link = self.links.d2h if tier.index == HBM else self.links.ssd_write
@@ -210,7 +218,7 @@ class KvManager:
     # --- prefix hits ----------------------------------------------------------------------
 
     def match(self, rid: int) -> list[tuple[int, int]]:
-        """(block, tier) of the longest cached prefix of ``rid``'s prompt (at least one token left)."""
+        """(block, tier) of the longest cached prefix of ``rid``'s prompt (one token left over)."""
         if not self.prefix:
             return []
         hashes = self.hashes[rid]
@@ -228,11 +236,11 @@ class KvManager:
 
     def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
         """Home-tier blocks admitting ``rid`` with ``hits`` and ``tokens`` computed would take."""
-        home = self.home.index
+        home = self.table.where[self.home.index]
         new = max(-(-tokens // self.bt) - len(hits), 0)
-        taken = sum(1 for b, tier in hits if tier == home and b in self.home.evictable)
-        lower = sum(1 for _, tier in hits if tier > home)
-        return new + taken + lower
+        taken = sum(1 for b, _ in hits if b in self.home.evictable)
+        elsewhere = sum(1 for b, _ in hits if not home[b])
+        return new + taken + elsewhere
 
     def take(self, rid: int, hits: list[tuple[int, int]]) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
@@ -300,7 +308,9 @@ class KvManager:
         attended = context.copy()
         reads = []
         heat = self.table.heat
-        for i, (rid, ctx, n) in enumerate(zip(ids.tolist(), context.tolist(), new.tolist(), strict=True)):
+        for i, (rid, ctx, n) in enumerate(
+            zip(ids.tolist(), context.tolist(), new.tolist(), strict=True)
+        ):
             blocks = np.asarray(self.blocks[rid][: -(-ctx // self.bt)], dtype=np.int64)
             if self.access.sparse and n == 1 and ctx >= self.prompt[rid]:
                 blocks = self.access.decode_blocks(blocks, heat)
@@ -363,7 +373,9 @@ class KvManager:
                 self._demote(b, hbm)
             over = hbm.resident - hbm.capacity
 
-    def _cache(self, hbm: Tier, blocks: np.ndarray, pinned: np.ndarray, dirty: bool = False) -> None:
+    def _cache(
+        self, hbm: Tier, blocks: np.ndarray, pinned: np.ndarray, dirty: bool = False
+    ) -> None:
         """Insert ``blocks`` into the HBM cache while room can be made from unpinned blocks."""
         now = self.env.now
         for b in blocks.tolist():
@@ -389,3 +401,25 @@ class KvManager:
         resident = t.where[HBM, :n]
         running = int((resident & (t.ref[:n] > 0)).sum())
         return running * hbm.block_bytes, (hbm.resident - running) * hbm.block_bytes
+
+    # --- invariants -----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Assert the block accounting: capacities, residency, reference counts, evictability."""
+        t, n = self.table, self.table.size
+        refs = np.zeros(t.capacity, dtype=np.int64)
+        for blocks in self.blocks:
+            np.add.at(refs, np.asarray(blocks, dtype=np.int64), 1)
+        if not np.array_equal(refs[:n], t.ref[:n]):
+            raise AssertionError("block reference counts do not match the requests holding them")
+        held = np.flatnonzero(refs[:n])
+        if not t.where[:, held].any(axis=0).all():
+            raise AssertionError("a block in use is in no tier")
+        for tier in self.tiers:
+            resident = int(t.where[tier.index, :n].sum())
+            if resident != tier.resident or resident > tier.capacity:
+                raise AssertionError(f"{tier.name}: {resident} resident, capacity {tier.capacity}")
+            if any(not t.where[tier.index, b] for b in tier.evictable):
+                raise AssertionError(f"{tier.name}: an evictable block is not resident")
+        if any(t.ref[b] > 0 for b in self.home.evictable):
+            raise AssertionError(f"{self.home.name}: a block in use is evictable")

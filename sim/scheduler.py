@@ -123,9 +123,13 @@ class Scheduler:
         ids = self.running
         remaining = self._remaining(ids)
         n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
-        need = np.maximum(-(-(self.computed[ids] + n) // self.engine.block_tokens) - self.kv.held[ids], 0)
+        need = np.maximum(
+            -(-(self.computed[ids] + n) // self.engine.block_tokens) - self.kv.held[ids], 0
+        )
         if need.sum() <= self.kv.available:
-            for rid, k, t in zip(ids.tolist(), need.tolist(), (self.computed[ids] + n).tolist(), strict=True):
+            for rid, k, t in zip(
+                ids.tolist(), need.tolist(), (self.computed[ids] + n).tolist(), strict=True
+            ):
                 if k:
                     self.kv.allocate(rid, t)
             return ids, n, ids[:0]
@@ -152,7 +156,11 @@ class Scheduler:
             break
         kept = np.asarray(running, dtype=np.int64)
         self.running = kept
-        return kept, np.asarray(tokens[: len(running)], dtype=np.int64), np.asarray(preempted, dtype=np.int64)
+        return (
+            kept,
+            np.asarray(tokens[: len(running)], dtype=np.int64),
+            np.asarray(preempted, dtype=np.int64),
+        )
 
     def _preempt(self, rid: int) -> None:
         """Preempt by swap (KV kept in DRAM) or recompute (KV dropped); back to the queue head."""
@@ -235,7 +243,9 @@ class Scheduler:
         ids, samples = batch.ids, batch.samples
         self.computed[ids] += batch.new_tokens
         if self.kv.prefix:
-            for rid in ids[self.computed[ids] // self.engine.block_tokens > self.kv.registered[ids]].tolist():
+            for rid in ids[
+                self.computed[ids] // self.engine.block_tokens > self.kv.registered[ids]
+            ].tolist():
                 self.kv.register(rid, int(self.computed[rid]))
         sampled = ids[samples]
         self.generated[sampled] += 1

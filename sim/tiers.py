@@ -1,4 +1,4 @@
-"""A memory tier: a capacity in blocks, its residents, and an eviction policy over the evictable ones."""
+"""A memory tier: capacity in blocks, residents, and an eviction policy over the evictable ones."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ class Tier:
         return self.resident * self.block_bytes
 
     def add(self, b: int, now: float, evictable: bool) -> None:
-        """``b`` becomes resident here."""
+        """``b`` becomes resident here (the caller made room)."""
+        if self.resident >= self.capacity:
+            raise RuntimeError(f"{self.name} tier full ({self.capacity} blocks): no room for {b}")
         self.table.where[self.index, b] = True
         self.resident += 1
         if evictable:

@@ -66,7 +66,10 @@ def test_resolved_config_round_trips():
             ["hardware.link.latency=fast"],
             ["hardware.link.latency", "expected a duration", "'fast'"],
         ),
-        (["kv.mode=dram_centrik"], ["kv.mode", "the modes that exist: hbm, offload, dram_centric", "dram_centrik"]),
+        (
+            ["kv.mode=dram_centrik"],
+            ["kv.mode", "the modes that exist: hbm, offload, dram_centric", "dram_centrik"],
+        ),
         (["workload.arrival.kind=poison"], ["workload.arrival", "poison"]),
         (
             ["workload.prompt_tokens={kind: uniform, min: 5}"],

@@ -85,7 +85,9 @@ class KvConfig(Strict):
     @classmethod
     def _known_mode(cls, mode: str) -> str:
         if mode not in KV_MODES:
-            raise ValueError(f"unknown KV mode {mode!r}; the modes that exist: {', '.join(KV_MODES)}")
+            raise ValueError(
+                f"unknown KV mode {mode!r}; the modes that exist: {', '.join(KV_MODES)}"
+            )
         return mode
 
     @field_validator("prefetch")

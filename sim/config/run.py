@@ -13,7 +13,6 @@ from sim.config.model import ModelSpec
 from sim.config.workload import WorkloadConfig
 
 
-
 class EngineConfig(Strict):
     """Continuous-batching engine settings, named as vLLM names them."""
 
@@ -53,7 +52,7 @@ class RunConfig(Strict):
         return DTYPE_BYTES[self.kv.dtype] if self.kv.dtype else self.model.dtype_bytes
 
     def tier_dtype_bytes(self, tier: str) -> float:
-        """Bytes per KV element stored in ``hbm``, ``dram`` or ``ssd`` (lower tiers may compress)."""
+        """Bytes per KV element in ``hbm``, ``dram`` or ``ssd`` (lower tiers may compress)."""
         dram = DTYPE_BYTES[self.kv.dram_dtype] if self.kv.dram_dtype else self.kv_dtype_bytes
         if tier == "hbm":
             return self.kv_dtype_bytes
