@@ -59,7 +59,7 @@ class Engine:
         self.timeline = Timeline()
         self._wakeup = self.env.event()
         self._arrived = 0
-        self._marks = [0.0] * 8
+        self._marks = [0.0] * 10
         self.stall_s = 0.0
         loaded = self.scheduler._loaded
 
@@ -208,7 +208,7 @@ class Engine:
             links.h2d.bytes_delivered, links.d2h.bytes_delivered,
             links.ssd_read.bytes_delivered, links.ssd_write.bytes_delivered,
             links.h2d.busy_s, links.d2h.busy_s,
-            float(sum(self.kv.counters.hits)), float(self.kv.counters.access_hbm_hits),
+            *map(float, self.kv.counters.hits), float(self.kv.counters.access_hbm_hits),
         )  # fmt: skip
         deltas = tuple(a - b for a, b in zip(now, self._marks, strict=True))
         self._marks = list(now)
@@ -222,7 +222,7 @@ class Engine:
         running, cached = kv.hbm_kv_bytes()
         decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
         prefill = int(batch.new_tokens[~decode].sum())
-        h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, hits, access_hits = self._link_deltas()
+        h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = self._link_deltas()
         hbm_tier = kv.tiers[HBM]
         pool = hbm_tier.capacity * hbm_tier.block_bytes
         used = (
@@ -261,7 +261,9 @@ class Engine:
             ssd_write_bytes=ssd_w,
             h2d_util=min(h2d_busy / duration, 1.0),
             d2h_util=min(d2h_busy / duration, 1.0),
-            prefix_hit_blocks=hits,
+            hbm_hit_blocks=hits[HBM],
+            dram_hit_blocks=hits[DRAM],
+            ssd_hit_blocks=hits[SSD],
             access_hbm_hits=access_hits,
         )
 

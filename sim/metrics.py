@@ -41,7 +41,9 @@ TIMELINE_COLUMNS = (
     "ssd_write_bytes",
     "h2d_util",
     "d2h_util",
-    "prefix_hit_blocks",
+    "hbm_hit_blocks",
+    "dram_hit_blocks",
+    "ssd_hit_blocks",
     "access_hbm_hits",
 )
 FLOAT_COLUMNS = frozenset(

@@ -226,3 +226,47 @@ def test_requests_without_prefix_hashes_still_run_in_every_mode():
         config = make_config(kv={"mode": mode})
         result = simulate(config, build_requests(config.workload, config.seed))
         assert result.summary["requests_finished"] == 20
+
+
+def test_compressed_dram_tier_moves_fewer_bytes():
+    # fp8 in DRAM halves every byte on the link; dequantising costs step time instead
+    args = ("hardware.hbm.capacity=24GiB", "engine.max_num_seqs=64")
+    workload = closed_batch(16, 4096, 16)
+    bf16 = simulate(
+        make_config(*args, workload=workload, model="llama-2-7b", kv={"mode": "dram_centric"})
+    )
+    fp8 = simulate(
+        make_config(
+            *args,
+            workload=workload,
+            model="llama-2-7b",
+            kv={"mode": "dram_centric", "dram_dtype": "fp8"},
+        )
+    )
+    assert fp8.summary["d2h_bytes"] == pytest.approx(bf16.summary["d2h_bytes"] / 2)
+    assert fp8.config.tier_block_bytes("dram") == bf16.config.tier_block_bytes("dram") / 2
+    assert 0 < fp8.summary["h2d_bytes"] < bf16.summary["h2d_bytes"]
+
+
+def test_direct_read_streams_without_staging_or_caching():
+    args = ("hardware=gh200", "hardware.hbm.capacity=40GiB", "engine.max_num_seqs=64")
+    workload = closed_batch(16, 8192, 64)
+    kv = {"mode": "dram_centric", "direct_read": True}
+    run = simulate(make_config(*args, workload=workload, model="llama-2-7b", kv=kv))
+    t = run.timeline
+    assert (t.hbm_staging_bytes == 0).all()
+    assert run.summary["h2d_bytes"] > 0
+    copy = simulate(
+        make_config(*args, workload=workload, model="llama-2-7b", kv={"mode": "dram_centric"})
+    )
+    assert (copy.timeline.hbm_staging_bytes > 0).any()
+
+
+def test_hits_are_counted_once_per_block_even_when_prefill_is_chunked():
+    requests = shared_documents(n=2, docs=1, doc_tokens=4096, rate=0.1)
+    config = make_config("engine.max_batched_tokens=512", kv={"mode": "hbm"})
+    s = simulate(config, requests).summary
+    # the second request finds the 256 document blocks of the first, once
+    assert s["prefix_hit_tokens"] == 4096
+    # each lookup covers the prompt's full blocks but the last token: (4352 - 1) // 16 = 271
+    assert s["hbm_hit_rate"] == pytest.approx(256 / (2 * 271))
