@@ -94,10 +94,18 @@ class KvManager:
 
     def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
         block_bytes = self.config.tier_block_bytes(name)
-        policy = make_eviction(self.config.kv.eviction_for(name))
-        return Tier(
-            index, name, int(capacity_bytes // block_bytes), block_bytes, policy, self.table
+        capacity = int(capacity_bytes // block_bytes)
+        policy = make_eviction(
+            self.config.kv.eviction_for(name),
+            capacity=max(capacity, 1),
+            rng=np.random.default_rng([self.config.seed, index]),
+            cost=self._recompute_cost,
         )
+        return Tier(index, name, capacity, block_bytes, policy, self.table)
+
+    def _recompute_cost(self, b: int) -> float:
+        """What losing block ``b`` costs: the prefix tokens to recompute up to and with it."""
+        return float((self.table.position[b] + 1) * self.bt)
 
     # --- room in the home tier ----------------------------------------------------------------
 
@@ -300,6 +308,15 @@ class KvManager:
                     self._insert(dram, b)
                     self.links.d2h.transfer(dram.block_bytes)
         self.registered[rid] = max(int(self.registered[rid]), full)
+
+    def hint_upcoming(self, waiting: list[int]) -> None:
+        """Tell scheduler-aware policies which cached blocks the next waiting requests reuse."""
+        tiers = [t for t in self.tiers if hasattr(t.policy, "set_upcoming")]
+        if not tiers:
+            return
+        keys = [b for rid in waiting for b, _ in self.match(rid)]
+        for tier in tiers:
+            tier.policy.set_upcoming(keys)  # type: ignore[attr-defined]
 
     # --- one step -------------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ the step samples a new token. A request is done after ``output_tokens`` samples.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 
 import numpy as np
 
+from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
 from sim.kvcache import KvManager
 from sim.workload.requests import Requests
@@ -224,6 +226,8 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         """Choose the next step's batch."""
         budget = self.engine.max_batched_tokens
+        if self.kv.prefix:
+            self.kv.hint_upcoming(list(islice(self.waiting, LOOKAHEAD_REQUESTS)))
         ids, n, preempted = self._schedule_running(budget)
         active = n > 0
         ids, n = ids[active], n[active]

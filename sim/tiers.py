@@ -28,6 +28,7 @@ class Tier:
         self.table = table
         self.resident = 0
         self.evictable: set[int] = set()
+        self._positions = hasattr(policy, "set_position")  # length-aware eviction
 
     @property
     def free_slots(self) -> int:
@@ -63,6 +64,8 @@ class Tier:
         """Tell the policy about ``b``: it may now be chosen as a victim."""
         if b not in self.evictable:
             self.evictable.add(b)
+            if self._positions:
+                self.policy.set_position(b, int(self.table.position[b]))  # type: ignore[attr-defined]
             self.policy.on_insert(b, now)
 
     def pin(self, b: int) -> None:

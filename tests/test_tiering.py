@@ -270,3 +270,36 @@ def test_hits_are_counted_once_per_block_even_when_prefill_is_chunked():
     assert s["prefix_hit_tokens"] == 4096
     # each lookup covers the prompt's full blocks but the last token: (4352 - 1) // 16 = 271
     assert s["hbm_hit_rate"] == pytest.approx(256 / (2 * 271))
+
+
+ONLINE = [
+    "fifo",
+    "lru",
+    "lfu",
+    "arc",
+    "s3fifo",
+    "sieve",
+    "gds",
+    "heat",
+    "length_aware",
+    "scheduler_aware",
+]
+
+
+@pytest.mark.parametrize("policy", ONLINE)
+def test_every_online_policy_runs_in_the_engine_with_invariants(policy):
+    requests = shared_documents(n=30, docs=6, doc_tokens=2048, rate=20.0)
+    for mode in ("offload", "dram_centric"):
+        kv = {"mode": mode, "eviction": policy, "dram_capacity": "2GiB", "ssd_capacity": "4GiB"}
+        config = make_config("hardware.hbm.capacity=21GiB", kv=kv)
+        result = CheckedEngine(config, requests).run()
+        assert result.summary["requests_finished"] == 30
+
+
+def test_offline_and_tree_policies_are_refused_by_the_engine():
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="offline policy"):
+        make_config(kv={"mode": "offload", "eviction": "opt"})
+    with pytest.raises(ConfigError, match="kv.dram.eviction.*not available in the engine"):
+        make_config(kv={"mode": "offload", "dram": {"eviction": "prefix_lru"}})

@@ -11,6 +11,11 @@ from sim.config.model import Dtype
 
 KV_MODES = ("hbm", "offload", "dram_centric")
 PREFETCHERS = ("none",)
+LOOKAHEAD_REQUESTS = 8  # waiting requests whose prefix blocks scheduler-aware eviction spares
+ENGINE_REFUSED = {
+    "prefix_lru": "its prefix tree needs stable keys (use it in 'kvsim replay'); in the engine, "
+    "lru already evicts leaves first because requests free their blocks tail first",
+}
 
 
 class FullAccess(Strict):
@@ -46,9 +51,21 @@ Access = Annotated[
 
 
 def _check_policy(spec: Any) -> Any:
-    from policies.registry import check_spec
+    """A valid eviction policy that can run online (the engine has no future to give)."""
+    import inspect
+
+    from policies.registry import check_spec, resolve, split_spec
 
     check_spec(spec)
+    name, _ = split_spec(spec)
+    if name in ENGINE_REFUSED:
+        raise ValueError(f"{name!r} is not available in the engine: {ENGINE_REFUSED[name]}")
+    future = inspect.signature(resolve(name)).parameters.get("future")
+    if future is not None and future.default is inspect.Parameter.empty:
+        raise ValueError(
+            f"{name!r} is an offline policy (it needs the future accesses): use it as the "
+            "bound in 'kvsim replay'; the engine runs online policies only"
+        )
     return spec
 
 
