@@ -14,8 +14,8 @@ the step samples a new token. A request is done after ``output_tokens`` samples.
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 

@@ -301,5 +301,5 @@ def test_offline_and_tree_policies_are_refused_by_the_engine():
 
     with pytest.raises(ConfigError, match="offline policy"):
         make_config(kv={"mode": "offload", "eviction": "opt"})
-    with pytest.raises(ConfigError, match="kv.dram.eviction.*not available in the engine"):
+    with pytest.raises(ConfigError, match=r"kv.dram.eviction.*not available in the engine"):
         make_config(kv={"mode": "offload", "dram": {"eviction": "prefix_lru"}})
