@@ -31,6 +31,7 @@ class BlockTable:
         self.heat = np.zeros(initial)
         self.dirty = np.zeros(initial, dtype=bool)
         self.index: dict[int, int] = {}
+        self.index_version = 0  # bumps whenever ``index`` changes
 
     @property
     def capacity(self) -> int:
@@ -69,12 +70,14 @@ class BlockTable:
         if block_hash != NO_HASH and block_hash not in self.index:
             self.hash[b] = block_hash
             self.index[block_hash] = b
+            self.index_version += 1
 
     def drop(self, b: int) -> None:
         """The block left every tier and no request uses it: forget it, recycle its id."""
         h = int(self.hash[b])
         if h != NO_HASH and self.index.get(h) == b:
             del self.index[h]
+            self.index_version += 1
         self.hash[b] = NO_HASH
         self.owner[b] = -1
         self._free_ids.append(b)

@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 
 from sim.errors import KvsimError
 
-BUILTIN_COMMANDS = ("sim.commands.run",)
+BUILTIN_COMMANDS = ("sim.commands.run", "sim.commands.replay", "sim.commands.trace")
 EXIT_USAGE = 2
 
 
@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     for module_name in BUILTIN_COMMANDS:
         importlib.import_module(module_name).add_command(sub)
     for ep in sorted(entry_points(group="kvsim.commands"), key=lambda e: e.name):
-        ep.load()(sub)
+        try:
+            ep.load()(sub)
+        except Exception as error:  # a broken plugin must not take the other commands down
+            print(f"kvsim: warning: command {ep.name!r} unavailable: {error}", file=sys.stderr)
     return parser
 
 

@@ -126,6 +126,5 @@ def test_quickstart_runs_and_plots(tmp_path):
     assert main(["run", str(QUICKSTART), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests_finished"] == 400
-    assert summary["wall_time_s"] < 20
     assert main(["plot", str(out), "--kind", "hbm-pressure", "--out", str(out / "p.png")]) == 0
     assert (out / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

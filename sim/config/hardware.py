@@ -34,13 +34,18 @@ class Dram(Strict):
 
 
 class Link(Strict):
-    """The host link, per direction: achievable bandwidth and per-transfer latency."""
+    """The host link, per direction: achievable bandwidth and per-transfer latency.
+
+    ``half_efficiency_bytes``: contiguous copy size at which a copy gets half the bandwidth
+    (small scattered block copies are slow); 0 = size-independent.
+    """
 
     kind: LinkKind
     h2d: Bandwidth
     d2h: Bandwidth
     latency: Seconds = 0.0
     coherent: bool = False
+    half_efficiency_bytes: Bytes = 0.0
 
 
 class Ssd(Strict):
@@ -52,14 +57,47 @@ class Ssd(Strict):
     latency: Seconds = 80e-6
 
 
+class Kernel(Strict):
+    """A calibrated memory-bound kernel: a per-row floor, then streaming at ``memory`` x peak.
+
+    Time over T token rows of r bytes: ``blend(latency + r / row_bandwidth, T·r / (B·memory))``
+    (``docs/cost-model.md``); no ``row_bandwidth`` means no per-row term, no ``blend`` a hard max.
+    """
+
+    latency: Seconds
+    memory: float = Field(gt=0, le=1)
+    row_bandwidth: Bandwidth | None = None
+    blend: float | None = Field(None, ge=1)
+
+
+class Kernels(Strict):
+    """Calibrated elementwise kernels (``kvsim calibrate``); one left out costs nothing extra."""
+
+    norm: Kernel | None = None
+    rope: Kernel | None = None
+    activation: Kernel | None = None
+    residual_add: Kernel | None = None
+    embedding: Kernel | None = None
+
+
 class Efficiency(Strict):
-    """Achieved fractions of peak and fixed overheads: the cost model's tunable parameters."""
+    """Achieved fractions of peak and fixed overheads: the cost model's tunable parameters.
+
+    ``gemm_memory``, ``gemm_latency``, ``gemm_blend``, ``kernels`` and ``attention_latency``
+    (fixed time of one attention kernel call, per layer) are optional calibrated refinements;
+    without them a GEMM is the hard roofline at ``gemm`` and ``hbm`` efficiency.
+    """
 
     gemm: float = Field(0.7, gt=0, le=1)
     attention: float = Field(0.5, gt=0, le=1)
     hbm: float = Field(0.85, gt=0, le=1)
     step_overhead: Seconds = 0.0
     layer_overhead: Seconds = 0.0
+    gemm_memory: float | None = Field(None, gt=0, le=1)
+    gemm_latency: Seconds = 0.0
+    gemm_blend: float | None = Field(None, ge=1)
+    kernels: Kernels | None = None
+    attention_latency: Seconds = 0.0
 
 
 class HardwareSpec(Strict):

@@ -4,58 +4,42 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.config.workload import (
-    AllAtOnce,
-    Fixed,
-    Gamma,
-    LogNormal,
-    Normal,
-    Poisson,
-    SyntheticWorkload,
-    Uniform,
-)
+from sim.config.workload import SyntheticWorkload
+from sim.workload import hashing
+from sim.workload.context import WorkloadContext
+from sim.workload.distributions import draw_arrivals, draw_lengths
 from sim.workload.requests import Requests
 
-Arrival = Poisson | Gamma | AllAtOnce
-Length = Fixed | Uniform | Normal | LogNormal
 
-
-def draw_arrivals(spec: Arrival, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times of ``n`` requests, the first at t = 0."""
-    if isinstance(spec, AllAtOnce):
-        return np.zeros(n)
-    if isinstance(spec, Poisson):
-        gaps = rng.exponential(1.0 / spec.rate, size=n)
-    else:
-        shape = 1.0 / spec.cv**2  # gamma with mean 1/rate and coefficient of variation cv
-        gaps = rng.gamma(shape, 1.0 / (spec.rate * shape), size=n)
-    gaps[0] = 0.0
-    return np.cumsum(gaps)
-
-
-def draw_lengths(spec: Length, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` token counts from a length distribution (integers >= 1)."""
-    if isinstance(spec, Fixed):
-        return np.full(n, spec.value, dtype=np.int64)
-    if isinstance(spec, Uniform):
-        return rng.integers(spec.min, spec.max, size=n, endpoint=True, dtype=np.int64)
-    if isinstance(spec, Normal):
-        raw = rng.normal(spec.mean, spec.std, size=n)
-    else:
-        mu = np.log(spec.mean) - spec.sigma**2 / 2.0  # so that E[X] = mean
-        raw = rng.lognormal(mu, spec.sigma, size=n)
-    upper = spec.max if spec.max is not None else np.iinfo(np.int64).max
-    return np.clip(np.rint(raw), spec.min, upper).astype(np.int64)
-
-
-def generate_synthetic(spec: SyntheticWorkload, seed: int) -> Requests:
+def generate_synthetic(spec: SyntheticWorkload, context: WorkloadContext) -> Requests:
     """Independent requests; separate random streams for arrivals, prompts and outputs."""
-    arrivals, prompts, outputs = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
+    arrivals, prompts, outputs = context.generators(3)
     n = spec.num_requests
+    prompt = draw_lengths(spec.prompt_tokens, n, prompts)
+    output = draw_lengths(spec.output_tokens, n, outputs)
+    prefix = output_hashes = None
+    if spec.shared_prefix_tokens > 0:
+        prefix, output_hashes = _shared_prefix_hashes(
+            prompt, output, spec.shared_prefix_tokens, context.block_tokens
+        )
     return Requests(
         arrival_s=draw_arrivals(spec.arrival, n, arrivals),
-        prompt_tokens=draw_lengths(spec.prompt_tokens, n, prompts),
-        output_tokens=draw_lengths(spec.output_tokens, n, outputs),
+        prompt_tokens=prompt,
+        output_tokens=output,
+        prefix_hashes=prefix,
+        output_hashes=output_hashes,
     )
+
+
+def _shared_prefix_hashes(
+    prompt: np.ndarray, output: np.ndarray, shared: int, block_tokens: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hashes of [shared prefix][rest of the request, unique to it]."""
+    n = len(prompt)
+    head = np.minimum(prompt, shared)
+    seg_row = np.repeat(np.arange(n), 2)
+    seg_tokens = np.column_stack([head, prompt + output - head]).ravel()
+    shared_chain = hashing.chain(hashing.SYSTEM, 0)
+    own_chain = hashing.combine(hashing.combine(shared_chain, hashing.REQUEST), np.arange(n))
+    seg_chain = np.column_stack([np.broadcast_to(shared_chain, (n,)), own_chain]).ravel()
+    return hashing.sequence_hashes(seg_row, seg_tokens, seg_chain, prompt, output, block_tokens)

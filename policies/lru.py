@@ -1,0 +1,44 @@
+"""LRU: evict the least recently used key."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies import fastpath
+from policies.base import EvictionPolicy, PinnedMask
+from policies.fifo import first_unpinned
+
+if TYPE_CHECKING:
+    from policies.pool import AccessTrace
+
+
+class LRU(EvictionPolicy):
+    """Least recently used. Eviction order: an ``OrderedDict`` from least to most recent."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def on_insert(self, key: int, now: float = 0.0) -> None:
+        """``key`` is now the most recent."""
+        self._order[key] = None
+
+    def on_access(self, key: int, now: float = 0.0) -> None:
+        """``key`` is now the most recent."""
+        self._order.move_to_end(key)
+
+    def on_remove(self, key: int) -> None:
+        """Forget ``key``."""
+        del self._order[key]
+
+    def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
+        """The least recently used unpinned keys."""
+        return first_unpinned(self._order, n, pinned)
+
+    def fast_replay(self, trace: AccessTrace, capacity: int) -> np.ndarray:
+        """Hit mask of a fresh demand-cached pool (fused loop, same hits as the interface)."""
+        return fastpath.lru(trace.keys, capacity)

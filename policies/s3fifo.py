@@ -1,0 +1,170 @@
+"""S3-FIFO: a small FIFO, a main FIFO with 2-bit CLOCK, and a ghost FIFO (Yang et al., SOSP'23)."""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from policies import fastpath
+from policies.base import (
+    EvictionPolicy,
+    PinnedMask,
+    fraction,
+    non_negative,
+    param_table,
+    pinned_predicate,
+    positive_int,
+)
+from policies.queues import Fifo, Queue, Shadow
+
+if TYPE_CHECKING:
+    from policies.pool import AccessTrace
+
+
+class S3FIFO(EvictionPolicy):
+    """New keys enter the small queue S (``small_fraction`` of capacity), ghost hits enter M.
+
+    One eviction step: if ``|M| > capacity - |S|target`` or S is empty, scan M (a key with
+    count > 0 goes back to M's new end with ``min(count, 3) - 1``; a count-0 key is the
+    victim); otherwise scan S (a key with count >= ``move_threshold`` moves to M with count
+    0; else it is the victim and its id enters the ghost G, bounded by ``ghost_fraction``
+    of capacity). Hits count up to 3. As in libCacheSim, until the first eviction a new
+    key goes to M once S is full. Pinned keys are rotated to the new end of their queue.
+    ``victims()`` runs the steps on shadow queues and memoises the plan; ``on_evict``
+    replays it on the real queues.
+    """
+
+    name = "s3fifo"
+    params = param_table(
+        small_fraction=fraction(0.1),
+        ghost_fraction=non_negative(0.9),
+        move_threshold=positive_int(2),
+    )
+
+    def __init__(
+        self,
+        capacity: int,
+        small_fraction: float = 0.1,
+        ghost_fraction: float = 0.9,
+        move_threshold: int = 2,
+    ) -> None:
+        self.capacity = capacity
+        self.small_size = max(1, int(capacity * small_fraction))
+        self.main_size = capacity - self.small_size
+        self.ghost_size = int(capacity * ghost_fraction)
+        self.threshold = move_threshold
+        self.small, self.main, self.ghost = Fifo(), Fifo(), Fifo()
+        self.freq: dict[int, int] = {}
+        self._evicted = False
+        self._ghost_hit = False  # the last on_miss removed its key from the ghost
+        self._version = 0
+        self._plan: tuple[int, list[int], set[int]] | None = None
+
+    def on_miss(self, key: int, now: float = 0.0) -> None:
+        """A ghost hit leaves the ghost now, before an eviction can push it out."""
+        self._ghost_hit = key in self.ghost
+        if self._ghost_hit:
+            del self.ghost[key]
+
+    def on_insert(self, key: int, now: float = 0.0) -> None:
+        """Ghost hits enter M, other keys S (or M while filling)."""
+        self._version += 1
+        if self._ghost_hit or key in self.ghost:
+            self.ghost.pop(key, None)
+            self._ghost_hit = False
+            self.main.push(key)
+        elif not self._evicted and len(self.small) >= self.small_size:
+            self.main.push(key)
+        else:
+            self.small.push(key)
+        self.freq[key] = 0
+
+    def on_access(self, key: int, now: float = 0.0) -> None:
+        """Count the hit (capped at 3)."""
+        self._version += 1
+        self.freq[key] = min(self.freq[key] + 1, 3)
+
+    def on_remove(self, key: int) -> None:
+        """Forget ``key`` without a ghost entry."""
+        self._version += 1
+        del self.freq[key]
+        del (self.small if key in self.small else self.main)[key]
+
+    def on_evict(self, key: int) -> None:
+        """Apply the planned steps up to ``key``; a victim from S enters the ghost."""
+        plan = self._plan
+        if plan is not None and plan[0] == self._version and plan[1] and plan[1][0] == key:
+            plan[1].pop(0)
+            victim, from_small = self._step(self.small, self.main, self.freq, plan[2].__contains__)
+            assert victim == key, "S3-FIFO plan diverged from its replay"
+        else:  # not planned: evict it where it stands
+            self._plan = None
+            from_small = key in self.small
+            del (self.small if from_small else self.main)[key]
+        del self.freq[key]
+        self._evicted = True
+        if from_small and self.ghost_size > 0:
+            self.ghost.push(key)
+            if len(self.ghost) > self.ghost_size:
+                self.ghost.pop_oldest()
+
+    def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
+        """Run ``n`` eviction steps on shadows of S and M; remember the plan."""
+        check, seen_pinned = pinned_predicate(pinned), set[int]()
+
+        def is_pinned(key: int) -> bool:
+            if check(key):
+                seen_pinned.add(key)
+                return True
+            return False
+
+        small, main = Shadow(self.small), Shadow(self.main)
+        freq: MutableMapping[int, int] = ChainMap({}, self.freq)
+        out: list[int] = []
+        while len(out) < n:
+            key, _ = self._step(small, main, freq, is_pinned)
+            if key is None:
+                break
+            out.append(key)
+        self._plan = (self._version, list(out), seen_pinned)
+        return out
+
+    def _step(
+        self,
+        small: Queue,
+        main: Queue,
+        freq: MutableMapping[int, int],
+        is_pinned: Callable[[int], bool],
+    ) -> tuple[int | None, bool]:
+        """One eviction step: (victim or None, whether it came from S)."""
+        main_first = len(main) > self.main_size or len(small) == 0
+        for from_small in (False, True) if main_first else (True, False):
+            if from_small:
+                for _ in range(len(small)):
+                    key = small.pop_oldest()
+                    if freq[key] >= self.threshold:
+                        freq[key] = 0
+                        main.push(key)
+                    elif is_pinned(key):
+                        small.push(key)
+                    else:
+                        return key, True
+            else:
+                for _ in range(4 * len(main)):  # counts <= 3: four rounds reach every count 0
+                    key = main.pop_oldest()
+                    count = freq[key]
+                    if count > 0 or is_pinned(key):
+                        freq[key] = max(min(count, 3) - 1, 0)
+                        main.push(key)
+                    else:
+                        return key, False
+        return None, False
+
+    def fast_replay(self, trace: AccessTrace, capacity: int) -> np.ndarray:
+        """Hit mask of a fresh demand-cached pool (fused loop, same hits as the interface)."""
+        return fastpath.s3fifo(
+            trace.keys, capacity, self.small_size, self.ghost_size, self.threshold
+        )
