@@ -84,6 +84,8 @@ class Engine:
         timeline = self.timeline.to_frame()
         summary = summarize(requests, timeline, end)
         summary.update(self._tier_summary())
+        if self.requests.report is not None:
+            summary["workload"] = self.requests.report.as_dict()
         summary["wall_time_s"] = time.perf_counter() - started
         return RunResult(self.config, self.plan, requests, timeline, summary)
 
@@ -165,6 +167,7 @@ class Engine:
         waited = bool(io.blocking) or io.fetch_bytes > 0
         self.stall_s += max(step_s - compute, 0.0) if waited else 0.0
         self.scheduler.complete(batch, self.env.now)
+        self.kv.flush_copies()  # write-through of the blocks this step completed
         self._record(start, step_s, batch, cost, io, activations)
 
     def _compute_with_fetch(self, io: StepIO, compute: float, overhead: float):

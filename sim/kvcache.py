@@ -68,6 +68,12 @@ class KvManager:
         self.access = AccessModel(kv.access, rng)
         self.prefix = kv.prefix_caching and requests.prefix_hashes is not None
         self.hashes = requests.prefix_hashes
+        if self.prefix and requests.output_hashes is not None:
+            # blocks that fill up while generating are reusable too (the next turn's prompt)
+            self.hashes = [
+                np.concatenate((p, o))
+                for p, o in zip(self.hashes, requests.output_hashes, strict=True)
+            ]
         self.prompt = requests.prompt_tokens
         dram_capacity = (
             kv.dram_capacity if kv.dram_capacity is not None else config.hardware.dram.capacity
@@ -92,6 +98,7 @@ class KvManager:
         self.on_loaded = lambda rid: None
         self.loads_in_flight = 0
         self._prefix_memo: dict[int, tuple[int, list[int]]] = {}
+        self._copies: dict[tuple[str, bool], float] = {}
 
     def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
         block_bytes = self.config.tier_block_bytes(name)
@@ -169,26 +176,38 @@ class KvManager:
         keep = self.prefix and t.hash[b] and t.ref[b] == 0 and self.mode != "hbm"
         if tier.index == HBM and self.mode == "dram_centric":
             if t.dirty[b]:
-                self.blocking.append(self.links.d2h.transfer(self.tiers[DRAM].block_bytes))
+                self._copy("d2h", self.tiers[DRAM].block_bytes, blocking=True)
                 t.dirty[b] = False
             return
         if tier is self.home and self.mode == "dram_centric" and t.where[HBM, b]:
             self.tiers[HBM].remove(b)  # HBM caches DRAM: a block leaving home leaves the cache
-        if keep and below is not None and below.capacity > 0 and not t.where[below.index, b]:
-            self._insert(below, b)
-            link = self.links.d2h if tier.index == HBM else self.links.ssd_write
-            event = link.transfer(below.block_bytes)
-            if tier.index == HBM:
-                self.blocking.append(event)  # the slot is reused only after the copy left
+        if keep and below is not None and not t.where[below.index, b] and self._insert(below, b):
+            # an HBM slot is reused only after its copy left: that copy blocks the step
+            link = "d2h" if tier.index == HBM else "ssd_write"
+            self._copy(link, below.block_bytes, blocking=tier.index == HBM)
         if not t.where[:, b].any() and t.ref[b] == 0:
             t.drop(b)
 
-    def _insert(self, tier: Tier, b: int) -> None:
-        """Place a copy of ``b`` in a lower tier as an evictable block."""
+    def _insert(self, tier: Tier, b: int) -> bool:
+        """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made."""
         if tier.available < 1:
-            return
+            return False
         self._make_room(tier, 1)
         tier.add(b, self.env.now, evictable=True)
+        return True
+
+    def _copy(self, link: str, nbytes: float, blocking: bool) -> None:
+        """Queue a block copy; :meth:`flush_copies` sends each link's queue as one transfer."""
+        key = (link, blocking)
+        self._copies[key] = self._copies.get(key, 0.0) + nbytes
+
+    def flush_copies(self) -> None:
+        """Start the queued copies: one batched transfer per link and kind (block-sized pieces)."""
+        for (link, blocking), nbytes in self._copies.items():
+            event = getattr(self.links, link).transfer(nbytes, self.tiers[DRAM].block_bytes)
+            if blocking:
+                self.blocking.append(event)
+        self._copies = {}
 
     # --- preemption -----------------------------------------------------------------------
 
@@ -319,9 +338,8 @@ class KvManager:
             self.table.register(b, int(hashes[i]))
             if offload_through and not self.table.where[DRAM, b] and self.table.hash[b]:
                 dram = self.tiers[DRAM]
-                if dram.available >= 1:
-                    self._insert(dram, b)
-                    self.links.d2h.transfer(dram.block_bytes)
+                if self._insert(dram, b):
+                    self._copy("d2h", dram.block_bytes, blocking=False)
         self.registered[rid] = max(int(self.registered[rid]), full)
 
     def hint_upcoming(self, waiting: list[int]) -> None:
@@ -355,6 +373,7 @@ class KvManager:
     ) -> StepIO:
         """Account a step's reads; in ``dram_centric`` fit the HBM cache into ``room_bytes``."""
         t, now, c = self.table, self.env.now, self.counters
+        self.flush_copies()
         blocking, self.blocking = self.blocking, []
         if self.mode != "dram_centric" and not self.access.sparse:
             # every block read is resident by construction: count, don't collect
@@ -388,6 +407,7 @@ class KvManager:
         if self.config.kv.write_policy == "write_through":
             per_token = dram.block_bytes / self.bt
             self.links.d2h.transfer(float(new.sum()) * per_token, dram.block_bytes)
+        self.flush_copies()
         blocking.extend(self.blocking)
         self.blocking = []
         fetch = len(misses) * dram.block_bytes
