@@ -6,21 +6,78 @@ efficiency factors (or from a calibrated profile). Equations: ``docs/cost-model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from sim.config.hardware import HardwareSpec
+from sim.config.hardware import HardwareSpec, Kernel
 from sim.config.model import ModelSpec
 
 LOGIT_BYTES = 4.0  # logits and sampling probabilities are fp32
 LOGIT_COPIES = 2.0  # logits + softmax probabilities live at once
+# elementwise kernels of one layer and how often each runs (Vidur's per-layer convention:
+# two norms, one rope, one residual add; the activation runs once per MLP, dense or MoE, and
+# the embedding once per step)
+KERNELS_PER_LAYER = {"norm": 2, "rope": 1, "residual_add": 1}
+
+
+def blend(a: float, b: float, p: float) -> float:
+    """Soft maximum ``(a^p + b^p)^(1/p)``: ``max(a, b)`` for ``p = inf``, ``a + b`` for 1."""
+    if math.isinf(p):
+        return max(a, b)
+    top = max(a, b)
+    if top <= 0.0:
+        return 0.0
+    return top * ((a / top) ** p + (b / top) ** p) ** (1.0 / p)
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """A calibrated memory-bound kernel (norm, rope, activation, residual add, embedding).
+
+    Over ``rows`` token rows of ``row_bytes`` each (read + written), it takes
+    ``blend(latency + row_bytes / row_bandwidth, rows * row_bytes / (B * memory), blend)``:
+    a floor set by one row's work, then streaming at a fraction of peak bandwidth.
+    """
+
+    latency_s: float
+    memory_efficiency: float
+    row_bandwidth: float = math.inf
+    blend: float = math.inf
+
+    @classmethod
+    def from_config(cls, kernel: Kernel | None) -> KernelParams | None:
+        """The parameters of one ``efficiency.kernels`` entry (None stays None)."""
+        if kernel is None:
+            return None
+        return cls(
+            latency_s=kernel.latency,
+            memory_efficiency=kernel.memory,
+            row_bandwidth=kernel.row_bandwidth or math.inf,
+            blend=kernel.blend or math.inf,
+        )
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """Calibrated elementwise kernels; a missing one costs nothing beyond ``layer_overhead``."""
+
+    norm: KernelParams | None = None
+    rope: KernelParams | None = None
+    activation: KernelParams | None = None
+    residual_add: KernelParams | None = None
+    embedding: KernelParams | None = None
 
 
 @dataclass(frozen=True)
 class CostParams:
-    """The cost model's parameters, in one place (SI units)."""
+    """The cost model's parameters, in one place (SI units).
+
+    The fields after ``layer_overhead_s`` are calibrated refinements; their defaults give
+    the plain roofline (hard max, no GEMM latency, no separate elementwise kernels).
+    """
 
     peak_flops: float
     hbm_bandwidth: float
@@ -29,11 +86,19 @@ class CostParams:
     hbm_efficiency: float
     step_overhead_s: float
     layer_overhead_s: float
+    gemm_memory_efficiency: float | None = None
+    gemm_latency_s: float = 0.0
+    gemm_blend: float = math.inf
+    kernels: KernelSet | None = None
+    attention_latency_s: float = 0.0
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
         """Parameters from a hardware profile's peak figures and efficiency section."""
         eff = hw.efficiency
+        kernels = None
+        if eff.kernels is not None:
+            kernels = KernelSet(**{name: KernelParams.from_config(k) for name, k in eff.kernels})
         return cls(
             peak_flops=hw.compute.bf16_flops,
             hbm_bandwidth=hw.hbm.bandwidth,
@@ -42,12 +107,24 @@ class CostParams:
             hbm_efficiency=eff.hbm,
             step_overhead_s=eff.step_overhead,
             layer_overhead_s=eff.layer_overhead,
+            gemm_memory_efficiency=eff.gemm_memory,
+            gemm_latency_s=eff.gemm_latency,
+            gemm_blend=eff.gemm_blend or math.inf,
+            kernels=kernels,
+            attention_latency_s=eff.attention_latency,
         )
 
     @property
     def gemm_flops(self) -> float:
         """Achieved GEMM FLOP/s."""
         return self.peak_flops * self.gemm_efficiency
+
+    @property
+    def gemm_bandwidth(self) -> float:
+        """Achieved HBM bytes/s of a weight-streaming GEMM."""
+        if self.gemm_memory_efficiency is None:
+            return self.memory_bandwidth
+        return self.hbm_bandwidth * self.gemm_memory_efficiency
 
     @property
     def attention_flops(self) -> float:
@@ -58,6 +135,33 @@ class CostParams:
     def memory_bandwidth(self) -> float:
         """Achieved HBM bytes/s."""
         return self.hbm_bandwidth * self.hbm_efficiency
+
+
+def gemm_seconds(
+    p: CostParams, tokens: float, fan_in: float, fan_out: float, dtype_bytes: float
+) -> float:
+    """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM.
+
+    Calibrated profiles add a fixed latency and soften the roofline's corner:
+    ``latency + blend(compute, memory, p)``; the defaults give ``max(compute, memory)``.
+    """
+    flops = 2.0 * tokens * fan_in * fan_out
+    traffic = (fan_in * fan_out + tokens * (fan_in + fan_out)) * dtype_bytes
+    compute, memory = flops / p.gemm_flops, traffic / p.gemm_bandwidth
+    if p.gemm_latency_s == 0.0 and math.isinf(p.gemm_blend):
+        return max(compute, memory)
+    return p.gemm_latency_s + blend(compute, memory, p.gemm_blend)
+
+
+def kernel_seconds(
+    p: CostParams, kernel: KernelParams | None, rows: float, row_bytes: float
+) -> float:
+    """A memory-bound kernel over ``rows`` rows of ``row_bytes`` each; 0 if not calibrated."""
+    if kernel is None or rows <= 0:
+        return 0.0
+    floor = kernel.latency_s + row_bytes / kernel.row_bandwidth
+    streaming = rows * row_bytes / (p.hbm_bandwidth * kernel.memory_efficiency)
+    return blend(floor, streaming, kernel.blend)
 
 
 @dataclass(frozen=True)
@@ -93,10 +197,7 @@ class CostModel:
 
     def gemm_time(self, tokens: float, fan_in: int, fan_out: int) -> float:
         """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM."""
-        p, b = self.params, self.model.dtype_bytes
-        flops = 2.0 * tokens * fan_in * fan_out
-        traffic = (fan_in * fan_out + tokens * (fan_in + fan_out)) * b
-        return max(flops / p.gemm_flops, traffic / p.memory_bandwidth)
+        return gemm_seconds(self.params, tokens, fan_in, fan_out, self.model.dtype_bytes)
 
     def _gemms_time(self, tokens: float, gemms: tuple[tuple[int, int], ...]) -> float:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
@@ -123,7 +224,50 @@ class CostModel:
         total = m.layers * attention + m.dense_layers * dense
         if m.moe_layers:
             total += m.moe_layers * self._moe_time(tokens)
-        return total + self.gemm_time(sampled, m.hidden, m.vocab)
+        total += self.gemm_time(sampled, m.hidden, m.vocab)
+        if self.params.kernels is not None:
+            total += self.elementwise_time(tokens)
+        return total
+
+    # --- elementwise kernels (calibrated profiles only) -----------------------------------------
+
+    def kernel_time(self, kernel: KernelParams | None, rows: float, row_bytes: float) -> float:
+        """One memory-bound kernel over ``rows`` rows of ``row_bytes``; 0 if not calibrated."""
+        return kernel_seconds(self.params, kernel, rows, row_bytes)
+
+    def kernel_row_bytes(self) -> dict[str, float]:
+        """Bytes one token row reads and writes in each elementwise kernel (dense MLP)."""
+        m, b = self.model, self.model.dtype_bytes
+        if m.mla:
+            rope_width = (m.heads + 1) * m.mla.qk_rope_head_dim  # one rope key shared by heads
+        else:
+            rope_width = (m.heads + m.kv_heads) * m.head_dim
+        return {
+            "norm": 2.0 * m.hidden * b,  # read x, write normed x
+            "rope": 2.0 * rope_width * b,  # read and write q and k
+            "activation": (3.0 if m.gated_mlp else 2.0) * m.intermediate * b,
+            "residual_add": 3.0 * m.hidden * b,  # read two, write one
+            "embedding": 2.0 * m.hidden * b,  # gather a row, write it
+        }
+
+    def elementwise_time(self, tokens: int) -> float:
+        """All layers' norms, rope, activation and residual add, plus the embedding, for a step."""
+        m, kernels = self.model, self.params.kernels
+        if kernels is None or tokens <= 0:
+            return 0.0
+        rows = self.kernel_row_bytes()
+        layer = sum(
+            count * self.kernel_time(getattr(kernels, name), tokens, rows[name])
+            for name, count in KERNELS_PER_LAYER.items()
+        )
+        total = m.layers * layer + m.dense_layers * self.kernel_time(
+            kernels.activation, tokens, rows["activation"]
+        )
+        if m.moe:
+            width = (3.0 if m.gated_mlp else 2.0) * m.moe.expert_intermediate * m.dtype_bytes
+            expert_rows = tokens * (m.moe.top_k + m.moe.shared_experts)
+            total += m.moe_layers * self.kernel_time(kernels.activation, expert_rows, width)
+        return total + self.kernel_time(kernels.embedding, tokens, rows["embedding"])
 
     # --- attention --------------------------------------------------------------------------
 
@@ -149,6 +293,7 @@ class CostModel:
                     flops[mask].sum() / p.attention_flops,
                     traffic[mask].sum() / p.memory_bandwidth,
                 )
+                total += m.layers * p.attention_latency_s  # 0 unless calibrated
         return total
 
     # --- a whole step -----------------------------------------------------------------------

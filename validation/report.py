@@ -1,0 +1,249 @@
+"""``kvsim validate``: the mini-engine and the simulator on one workload, step by step.
+
+For each KV mode the mini-engine serves the validation workload ``repeats`` times (after a
+warm-up run); the workload is a closed batch, so every run takes the same steps and each
+step's measured time is its median over the runs. The simulator runs the same config and
+requests. When both take the same steps (same batch sizes and tokens, in order; the
+report says whether they did) step *i* is compared with step *i*; otherwise each measured
+step is priced by the simulator's cost model and link model instead.
+
+Errors: ``step_mape`` = mean over steps of |simulated / measured - 1|; ``e2e_error`` =
+|simulated total / measured total - 1|. The top level pools the steps of every mode and
+takes the worst mode's ``e2e_error``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sim.config.hardware import HardwareSpec
+from sim.config.run import RunConfig
+from sim.costmodel import CostModel, CostParams
+from sim.engine import simulate
+from sim.errors import KvsimError
+from sim.workload import build_requests
+from validation.engine import EngineRun, MiniEngine
+from validation.microbench import device_name
+from validation.scenario import pin_threads, scenario_config
+from validation.timing import statistic
+
+KINDS = ("prefill", "decode", "mixed", "with_transfers")
+
+
+def measured_steps(runs: list[EngineRun], how: str = "median") -> pd.DataFrame:
+    """One row per step: the first run's batch columns, the median (or min) time over runs."""
+    first = runs[0].steps
+    for run in runs[1:]:
+        if list(run.steps.step_tokens) != list(first.step_tokens):
+            raise KvsimError("the mini-engine took different steps in two runs of one workload")
+    steps = first.drop(columns=["time_s"]).copy()
+    times = np.stack([r.steps.step_s.to_numpy() for r in runs])
+    steps["step_s"] = np.median(times, axis=0) if how == "median" else times.min(axis=0)
+    return steps
+
+
+def replay(config: RunConfig, hw: HardwareSpec, steps: pd.DataFrame) -> np.ndarray:
+    """The simulator's cost and link models pricing each measured step (no scheduling)."""
+    cost = CostModel(config.model, CostParams.from_hardware(hw), config.kv_dtype_bytes)
+    link = hw.link
+    out = []
+    for row in steps.itertuples():
+        t = cost.step(np.array(row.new_tokens), np.array(row.context), row.sampled).total_s
+        for moved, bandwidth in ((row.h2d_bytes, link.h2d), (row.d2h_bytes, link.d2h)):
+            if moved:
+                t += link.latency + moved / bandwidth
+        out.append(t)
+    return np.asarray(out)
+
+
+def step_kinds(steps: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Masks of the kinds of step."""
+    prefill, decode = steps.prefill_tokens > 0, steps.decode_tokens > 0
+    return {
+        "prefill": (prefill & ~decode).to_numpy(),
+        "decode": (decode & ~prefill).to_numpy(),
+        "mixed": (prefill & decode).to_numpy(),
+        "with_transfers": ((steps.h2d_bytes + steps.d2h_bytes) > 0).to_numpy(),
+    }
+
+
+def errors(
+    steps: pd.DataFrame, simulated: np.ndarray, measured_total: float, sim_total: float
+) -> dict:
+    """step_mape, e2e_error and the per-kind breakdown."""
+    measured = steps.step_s.to_numpy()
+    ape = np.abs(simulated / measured - 1.0)
+    kinds = {}
+    for kind, mask in step_kinds(steps).items():
+        if mask.any():
+            kinds[kind] = {
+                "steps": int(mask.sum()),
+                "step_mape": float(ape[mask].mean()),
+                "measured_mean_s": float(measured[mask].mean()),
+                "simulated_mean_s": float(simulated[mask].mean()),
+            }
+    return {
+        "steps": len(steps),
+        "step_mape": float(ape.mean()),
+        "e2e_error": float(abs(sim_total / measured_total - 1.0)),
+        "measured_total_s": measured_total,
+        "simulated_total_s": sim_total,
+        "by_kind": kinds,
+    }
+
+
+def compare(
+    config: RunConfig, requests, steps: pd.DataFrame, measured_total: float
+) -> tuple[dict, np.ndarray]:
+    """Simulate ``config`` and compare it with the measured steps."""
+    result = simulate(config, requests)
+    timeline = result.timeline
+    same = list(zip(timeline.batch_size, timeline.step_tokens, strict=False)) == list(
+        zip(steps.batch_size, steps.step_tokens, strict=False)
+    )
+    if same:
+        simulated, sim_total = timeline.step_s.to_numpy(), float(result.summary["sim_time_s"])
+    else:
+        simulated = replay(config, config.hardware, steps)
+        sim_total = float(simulated.sum())
+    report = errors(steps, simulated, measured_total, sim_total)
+    report["schedule_match"] = same
+    report["pairing"] = "step by step" if same else "cost model on the measured batches"
+    report["h2d_bytes"] = {
+        "measured": int(steps.h2d_bytes.sum()),
+        "simulated": float(result.summary["h2d_bytes"]),
+    }
+    report["d2h_bytes"] = {
+        "measured": int(steps.d2h_bytes.sum()),
+        "simulated": float(result.summary["d2h_bytes"]),
+    }
+    return report, simulated
+
+
+def compare_mode(
+    config: RunConfig, baseline: HardwareSpec, requests, runs: list[EngineRun], how: str
+) -> tuple[dict, pd.DataFrame]:
+    """One mode's report: the profile and the baseline profile against the measured runs.
+
+    ``how``: ``median`` or ``min`` over the runs, per step and of the run totals.
+    """
+    steps = measured_steps(runs, how)
+    totals = [r.total_s for r in runs]
+    total = float(np.median(totals) if how == "median" else np.min(totals))
+    report, simulated = compare(config, requests, steps, total)
+    base_config = config.model_copy(update={"hardware": baseline})
+    report["baseline"], base_sim = compare(base_config, requests, steps, total)
+    report["preemptions"] = runs[0].preemptions
+    steps = steps.assign(simulated_s=simulated, baseline_s=base_sim, mode=config.kv.mode)
+    return report, steps
+
+
+def pooled(modes: dict[str, dict], steps: pd.DataFrame, key: str = "simulated_s") -> dict:
+    """Top-level figures over every mode: pooled step errors, the worst mode's e2e error."""
+    ape = np.abs(steps[key] / steps.step_s - 1.0)
+    section = (lambda r: r) if key == "simulated_s" else (lambda r: r["baseline"])
+    by_kind = {}
+    masks = step_kinds(steps)
+    for kind in KINDS:
+        if masks[kind].any():
+            by_kind[kind] = {
+                "steps": int(masks[kind].sum()),
+                "step_mape": float(ape[masks[kind]].mean()),
+            }
+    return {
+        "steps": len(steps),
+        "step_mape": float(ape.mean()),
+        "e2e_error": max(section(r)["e2e_error"] for r in modes.values()),
+        "by_kind": by_kind,
+    }
+
+
+def run_validation(
+    hw: HardwareSpec, profile: str, baseline: HardwareSpec, device: str, quick: bool,
+    repeats: int, modes: tuple[str, ...],
+) -> tuple[dict, pd.DataFrame]:  # fmt: skip
+    """The whole report (as a dict) and every measured step with its simulated time."""
+    pin_threads(device)
+    configs = {mode: scenario_config(hw, "validate", device, mode, quick) for mode in modes}
+    bt = next(iter(configs.values())).engine.block_tokens
+    requests = build_requests(configs[modes[0]].workload, configs[modes[0]].seed, block_tokens=bt)
+    runs: dict[str, list[EngineRun]] = {mode: [] for mode in modes}
+    for mode in modes:  # warm-up: allocator, kernels, caches
+        MiniEngine(configs[mode], requests, device).run()
+    for _ in range(repeats):  # interleaved, so a slow spell of a shared machine hits every mode
+        for mode in modes:
+            runs[mode].append(MiniEngine(configs[mode], requests, device).run())
+    per_mode, frames = {}, []
+    for mode in modes:
+        per_mode[mode], steps = compare_mode(
+            configs[mode], baseline, requests, runs[mode], statistic(device)
+        )
+        frames.append(steps)
+    steps = pd.concat(frames, ignore_index=True)
+    report = {
+        "device": device,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "profile": profile,
+        "baseline_profile": baseline.name,
+        "quick": quick,
+        "repeats": repeats,
+        "statistic": statistic(device),
+        **pooled(per_mode, steps),
+        "baseline": pooled(per_mode, steps, "baseline_s"),
+        "modes": per_mode,
+    }
+    return report, steps
+
+
+def write_report(report: dict, steps: pd.DataFrame, out: Path) -> list[Path]:
+    """``report.json``, ``steps.csv``, ``steps.png`` and ``summary.md`` in ``out``."""
+    from validation.plots import plot_steps
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    steps.to_csv(out / "steps.csv", index=False)
+    plot_steps(steps, out / "steps.png", report)
+    (out / "summary.md").write_text(summary_markdown(report))
+    return [out / name for name in ("report.json", "steps.csv", "steps.png", "summary.md")]
+
+
+def summary_markdown(report: dict) -> str:
+    """A short human summary of the report."""
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+    lines = [
+        f"# Validation on {report['device_name']} ({report['device']})",
+        "",
+        f"Profile `{report['profile']}` against the mini-engine (torch {report['torch']}, "
+        f"{report['threads']} thread(s), {report['repeats']} timed runs per mode, "
+        f"{'quick' if report['quick'] else 'full'} workload), {report['date']}.",
+        "",
+        "| mode | steps | pairing | step MAPE | e2e error | baseline step MAPE "
+        "| baseline e2e error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in report["modes"].items():
+        b = r["baseline"]
+        lines.append(
+            f"| {mode} | {r['steps']} | {r['pairing']} | {pct(r['step_mape'])} | "
+            f"{pct(r['e2e_error'])} | {pct(b['step_mape'])} | {pct(b['e2e_error'])} |"
+        )
+    lines += ["", "| kind of step | steps | step MAPE | baseline step MAPE |", "|---|---|---|---|"]
+    for kind, r in report["by_kind"].items():
+        base = report["baseline"]["by_kind"][kind]["step_mape"]
+        lines.append(f"| {kind} | {r['steps']} | {pct(r['step_mape'])} | {pct(base)} |")
+    lines += [
+        "",
+        f"Overall: step MAPE {pct(report['step_mape'])}, e2e error {pct(report['e2e_error'])} "
+        f"(baseline `{report['baseline_profile']}`: {pct(report['baseline']['step_mape'])}, "
+        f"{pct(report['baseline']['e2e_error'])}).",
+    ]
+    return "\n".join(lines) + "\n"
