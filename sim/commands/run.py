@@ -21,6 +21,9 @@ SUMMARY_ROWS = (
     ("HBM peak", "hbm_peak_bytes", "bytes"),
     ("KV pool", "kv_pool_bytes", "bytes"),
     ("preemptions", "preemptions", "{:d}"),
+    ("prefix hits HBM / DRAM / SSD", ("hbm_hit_rate", "dram_hit_rate", "ssd_hit_rate"), "rates"),
+    ("host link H2D / D2H", ("h2d_bytes", "d2h_bytes"), "bytes"),
+    ("stall", "stall_s", "{:.2f} s"),
     ("simulated time", "sim_time_s", "{:.1f} s"),
     ("wall time", "wall_time_s", "{:.2f} s"),
 )
@@ -31,7 +34,10 @@ def _cell(summary: dict, key: str | tuple[str, ...], fmt: str) -> str:
         values = [summary[k] for k in key]
         return " / ".join("-" if v is None else f"{v * 1e3:.1f} ms" for v in values)
     if fmt == "bytes":
-        return format_bytes(summary[key])
+        keys = (key,) if isinstance(key, str) else key
+        return " / ".join(format_bytes(summary[k]) for k in keys)
+    if fmt == "rates":
+        return " / ".join(f"{summary[k]:.1%}" for k in key)
     return fmt.format(summary[key])
 
 
