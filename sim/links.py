@@ -100,13 +100,17 @@ class Link:
             return
         version = self._version
         first = min(job.remaining for job in self._active.values())
+        due = [k for k, job in self._active.items() if job.remaining <= first + _DONE_BYTES]
         delay = max(first, 0.0) * len(self._active) / self.bandwidth
-        self.env.timeout(delay).callbacks.append(lambda _: self._on_timer(version))
+        self.env.timeout(delay).callbacks.append(lambda _: self._on_timer(version, due))
 
-    def _on_timer(self, version: int) -> None:
+    def _on_timer(self, version: int, due: list[int]) -> None:
         if version != self._version:
             return
         self._advance()
+        # the due transfers are done by construction: float residue must not keep them alive
+        for key in due:
+            self._finish(self._active.pop(key))
         for key in [k for k, job in self._active.items() if job.remaining <= _DONE_BYTES]:
             self._finish(self._active.pop(key))
         self._reschedule()

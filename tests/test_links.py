@@ -65,3 +65,27 @@ def test_bytes_conserved_and_work_conserving(starts):
     assert link.busy_s == pytest.approx(sum(b for _, b in starts) / BW, rel=1e-6)
     for (at, nbytes), end in zip(starts, finish, strict=True):
         assert end >= at + nbytes / BW * (1 - 1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.floats(1e3, 1e7),
+    st.lists(st.tuples(st.floats(0, 1e-3), st.floats(1, 1e7)), min_size=2, max_size=12),
+)
+def test_late_clock_and_odd_sizes_still_finish(start, transfers):
+    # far from t=0 a finish time's float residue once kept a transfer alive forever
+    env = simpy.Environment(initial_time=start)
+    link = Link(env, "d2h", bandwidth=55e9, latency=5e-6)
+    link._last = start
+    done = []
+
+    def send(at, nbytes):
+        yield env.timeout(at)
+        yield link.transfer(nbytes)
+        done.append(nbytes)
+
+    for at, nbytes in transfers:
+        env.process(send(at, nbytes))
+    env.run(until=start + 10.0)
+    assert len(done) == len(transfers)
+    assert link.bytes_delivered == pytest.approx(link.bytes_submitted)
