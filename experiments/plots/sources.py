@@ -1,0 +1,136 @@
+"""What a plot reads: run directories, sweep directories (filtered), or a replay CSV."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments import store
+from experiments.sweep import format_value
+from sim.config.loader import parse_override
+from sim.errors import KvsimError
+
+Source = str | Path | Sequence[str | Path]
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    """Choices for plots of sweeps: filters, the x axis, the metric, series and panels."""
+
+    where: tuple[str, ...] = ()
+    x: str | None = None
+    metric: str | None = None
+    hue: tuple[str, ...] | None = None
+    panel: str | None = None
+
+
+DEFAULTS = PlotOptions()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory to draw, its label, and the label of its configuration (no seed)."""
+
+    path: Path
+    label: str
+    config: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def as_paths(source: Source) -> list[Path]:
+    """One path or several, as a list."""
+    if isinstance(source, str | Path):
+        return [Path(source)]
+    return [Path(s) for s in source]
+
+
+def is_sweep(path: Path) -> bool:
+    """Whether ``path`` is a sweep directory."""
+    return (path / store.RESULTS).is_file()
+
+
+def is_run(path: Path) -> bool:
+    """Whether ``path`` is a run directory."""
+    return (path / "timeline.parquet").is_file()
+
+
+def filter_rows(frame: pd.DataFrame, where: Sequence[str], name: str) -> pd.DataFrame:
+    """Rows of a results table matching every ``KEY=VALUE`` (compared as text)."""
+    for text in where:
+        path, value = parse_override(text)
+        key = ".".join(path)
+        if key not in frame.columns:
+            axes = ", ".join([*frame.attrs.get("axes", []), "seed"])
+            raise KvsimError(f"--where {text}: {name} has no column {key!r}; axes: {axes}")
+        frame = frame[frame[key].map(format_value) == format_value(value)]
+        if frame.empty:
+            raise KvsimError(f"--where {text}: no point of {name} matches")
+    return frame
+
+
+def sweep_rows(path: Path, options: PlotOptions) -> pd.DataFrame:
+    """The finished points of a sweep that pass the filters (``attrs['axes']`` kept)."""
+    frame = store.load(path)
+    axes = frame.attrs["axes"]
+    frame = filter_rows(frame[frame.status == "done"], options.where, str(path))
+    if frame.empty:
+        raise KvsimError(f"{path}: no finished point to plot")
+    frame.attrs["axes"] = axes
+    return frame
+
+
+def varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+    """The columns that take more than one value in ``frame``."""
+    return [c for c in columns if frame[c].map(format_value).nunique() > 1]
+
+
+def label_of(row: pd.Series, columns: Sequence[str], default: str) -> str:
+    """``kv.mode=hbm, hardware=h100-sxm`` for the given columns, else ``default``."""
+    parts = [f"{c}={format_value(row[c])}" for c in columns]
+    return ", ".join(parts) if parts else default
+
+
+def _sweep_runs(path: Path, options: PlotOptions) -> list[Run]:
+    frame = sweep_rows(path, options)
+    axes = varying(frame, frame.attrs["axes"])
+    with_seed = axes + (["seed"] if frame.seed.nunique() > 1 else [])
+    return [
+        Run(
+            store.run_dir(path, row.point_id),
+            label_of(row, with_seed, path.name),
+            label_of(row, axes, path.name),
+            {a: row[a] for a in [*frame.attrs["axes"], "seed"]},
+        )
+        for _, row in frame.iterrows()
+    ]
+
+
+def runs(source: Source, options: PlotOptions = DEFAULTS) -> list[Run]:
+    """Every run to draw: run directories as given, and the finished points of sweeps."""
+    found: list[Run] = []
+    for path in as_paths(source):
+        if is_sweep(path):
+            found.extend(_sweep_runs(path, options))
+        elif is_run(path):
+            found.append(Run(path, path.name, path.name))
+        else:
+            raise KvsimError(
+                f"{path}: not a run directory (no timeline.parquet) nor a sweep directory "
+                f"(no {store.RESULTS}); run 'kvsim run' or 'kvsim sweep' first"
+            )
+    return found
+
+
+def one_sweep(source: Source, kind: str) -> Path:
+    """The single sweep directory a sweep plot needs."""
+    paths = as_paths(source)
+    if len(paths) != 1 or not is_sweep(paths[0]):
+        raise KvsimError(
+            f"{kind} plots a sweep: give one directory written by 'kvsim sweep' "
+            f"(with {store.RESULTS}); got {', '.join(map(str, paths))}"
+        )
+    return paths[0]
