@@ -3,18 +3,21 @@
 Not a test. Run ``python benchmarks/sweep_bench.py [--workers 1,2]``; it
 prints the wall time of the whole sweep for each worker count and the speed-up over the
 first. Points: kv.mode (hbm, dram_centric) x 5 prompt lengths x 4 batch sizes x 5 seeds of a
-closed batch of Llama-3-8B requests on an H100 (32 output tokens each).
+closed batch of Llama-3-8B requests on an H100 (32..96 output tokens each). Other load on
+the machine skews the figure: the load average is printed first.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
+from experiments.pool import default_workers
 from experiments.runner import run_sweep
 from experiments.sweep import load_sweep
 from experiments.tasks import Limits
@@ -29,7 +32,7 @@ SWEEP = {
             "num_requests": 4,
             "arrival": {"kind": "all_at_once"},
             "prompt_tokens": {"kind": "uniform", "min": 128, "max": 512},
-            "output_tokens": {"kind": "uniform", "min": 16, "max": 48},
+            "output_tokens": {"kind": "uniform", "min": 32, "max": 96},
         },
         "engine": {"max_num_seqs": 64, "max_batched_tokens": 4096},
         "kv": {"mode": "hbm"},
@@ -37,7 +40,7 @@ SWEEP = {
     "grid": {
         "kv.mode": ["hbm", "dram_centric"],
         "workload.prompt_tokens.max": [256, 512, 1024, 2048, 4096],
-        "workload.num_requests": [2, 4, 8, 16],
+        "workload.num_requests": [4, 8, 16, 32],
     },
     "seeds": [0, 1, 2, 3, 4],
 }
@@ -48,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2", help="worker counts to time (default: 1,2)")
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} on {default_workers()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sweep.yaml"
         path.write_text(yaml.safe_dump(SWEEP))
