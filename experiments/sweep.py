@@ -92,6 +92,12 @@ def check_fits(config: RunConfig) -> None:
 # --- reading the sweep file ---------------------------------------------------------------
 
 
+def _check_path(path: Any, key: str, source: str) -> None:
+    """A key path is a non-empty dotted string (``engine.max_num_seqs``)."""
+    if not isinstance(path, str) or not path or any(not p for p in path.split(".")):
+        raise ConfigError(f"expected a dotted key path, got {path!r}", source=source, key=key)
+
+
 def _axes(raw: Any, key: str, source: str) -> dict[str, list[Any]]:
     """A ``grid`` or ``zip`` mapping of key path -> non-empty list of values."""
     if raw is None:
@@ -102,9 +108,8 @@ def _axes(raw: Any, key: str, source: str) -> dict[str, list[Any]]:
         )
     axes: dict[str, list[Any]] = {}
     for path, values in raw.items():
+        _check_path(path, key, source)
         where = f"{key}.{path}"
-        if not isinstance(path, str) or not path or any(not p for p in path.split(".")):
-            raise ConfigError(f"expected a dotted key path, got {path!r}", source=source, key=key)
         if path == "seed" or path.startswith("seed."):
             raise ConfigError("vary the seed with 'seeds: [...]'", source=source, key=where)
         if not isinstance(values, list) or not values:
@@ -134,10 +139,11 @@ def _zip_groups(raw: Any, source: str) -> list[dict[str, list[Any]]]:
 
 
 def _seeds(raw: Any, source: str) -> list[int] | None:
+    """``seeds``: distinct integers >= 0 (None when absent: the base's seed)."""
     if raw is None:
         return None
-    ok = isinstance(raw, list) and raw and all(isinstance(s, int) and s >= 0 for s in raw)
-    if not ok or isinstance(raw, bool) or len(set(raw)) != len(raw):
+    ints = isinstance(raw, list) and all(type(s) is int for s in raw)
+    if not ints or not raw or min(raw) < 0 or len(set(raw)) != len(raw):
         raise ConfigError(
             f"expected a list of distinct integers >= 0, got {raw!r}", source=source, key="seeds"
         )
@@ -175,13 +181,15 @@ def _excludes(raw: Any, axes: list[str], source: str) -> list[dict[str, Any]]:
     return [dict(e) for e in raw]
 
 
-def _constants(raw: Any, source: str) -> dict[str, list[Any]]:
-    """``set``: key path -> one value, as one-value axes (for the same checks)."""
+def _constants(raw: Any, source: str) -> dict[str, Any]:
+    """``set``: key path -> one value, laid on the base before the axes."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
         raise ConfigError("expected a mapping of key path -> value", source=source, key="set")
-    return {k: [v] for k, v in raw.items()}
+    for path in raw:
+        _check_path(path, "set", source)
+    return dict(raw)
 
 
 def _excluded(params: Mapping[str, Any], excludes: list[dict[str, Any]]) -> bool:
@@ -228,8 +236,7 @@ def expand(raw: Any, path: Path) -> Sweep:
     if "base" not in raw:
         raise ConfigError("missing 'base' (a run config path or mapping)", source=source)
     base, base_dir, base_name = _base(raw["base"], path, source)
-    constants = _axes(_constants(raw.get("set"), source), "set", source)
-    base = _apply(base, {k: v[0] for k, v in constants.items()})
+    base = _apply(base, _constants(raw.get("set"), source))
     grid = _axes(raw.get("grid"), "grid", source)
     zips = _zip_groups(raw.get("zip"), source)
     axes = [*grid, *(k for group in zips for k in group)]
