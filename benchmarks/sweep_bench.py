@@ -4,12 +4,14 @@ Not a test. Run ``python benchmarks/sweep_bench.py [--workers 1,2]``; it
 prints the wall time of the whole sweep for each worker count and the speed-up over the
 first. Points: kv.mode (hbm, dram_centric) x 5 prompt lengths x 4 batch sizes x 5 seeds of a
 closed batch of Llama-3-8B requests on an H100 (32..96 output tokens each). Other load on
-the machine skews the figure: the load average is printed first.
+the machine skews the figure: the load average is printed first, and last the speed-up a
+plain CPU-bound loop gets from the same number of processes (the ceiling right now).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import tempfile
 import time
@@ -46,6 +48,30 @@ SWEEP = {
 }
 
 
+def _burn(n: int) -> int:
+    """A CPU-bound loop."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def cpu_ceiling(workers: int, n: int = 10_000_000) -> float:
+    """Speed-up of ``workers`` CPU burns in parallel processes over running them serially.
+
+    NOTE: on a shared machine other load caps what any pool can reach; this says how much.
+    """
+    start = time.perf_counter()
+    for _ in range(workers):
+        _burn(n)
+    serial = time.perf_counter() - start
+    with multiprocessing.Pool(workers) as pool:
+        start = time.perf_counter()
+        pool.map(_burn, [n] * workers)
+        parallel = time.perf_counter() - start
+    return serial / parallel
+
+
 def main() -> None:
     """Time the sweep once per worker count; print wall times and speed-ups."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,9 +86,10 @@ def main() -> None:
         print(f"{len(sweep.points)} points expanded and checked in "
               f"{time.perf_counter() - start:.2f} s")  # fmt: skip
         walls: dict[int, float] = {}
-        for workers in (int(w) for w in args.workers.split(",")):
+        for i, workers in enumerate(int(w) for w in args.workers.split(",")):
             start = time.perf_counter()
-            results = run_sweep(sweep, Path(tmp) / f"w{workers}", Limits(workers), progress=False)
+            out = Path(tmp) / f"run{i}-w{workers}"
+            results = run_sweep(sweep, out, Limits(workers), progress=False)
             walls[workers] = time.perf_counter() - start
             done = int((results.status == "done").sum())
             inside = results.wall_time_s.sum()
@@ -74,6 +101,11 @@ def main() -> None:
                 speedup = walls[first] / wall
                 print(f"speed-up {first} -> {workers} workers: {speedup:.2f}x "
                       f"({speedup / (workers / first):.0%} parallel efficiency)")  # fmt: skip
+                ceiling = cpu_ceiling(workers)
+                print(
+                    f"  the machine's own ceiling now: {workers} pure-Python CPU burns run "
+                    f"{ceiling:.2f}x faster in {workers} processes than one after another"
+                )
 
 
 if __name__ == "__main__":

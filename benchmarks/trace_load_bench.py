@@ -1,6 +1,6 @@
 """Load time of the real traces (the 12k-row Mooncake trace should load in well under 1 s).
 
-    python benchmarks/trace_load_bench.py
+python benchmarks/trace_load_bench.py
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def plot_command(args: argparse.Namespace) -> int:
         where=tuple(args.where),
         x=args.x,
         metric=args.metric,
-        hue=tuple(args.hue.split(",")) if args.hue is not None else None,
+        hue=tuple(h for h in args.hue.split(",") if h) if args.hue is not None else None,
         panel=args.panel,
     )
     out = PLOTS[args.kind](args.paths, args.out or default, options)
@@ -44,7 +44,9 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
         "'kvsim replay' CSV (hit-rate)",
     )  # fmt: skip
     parser.add_argument("--kind", choices=sorted(PLOTS), default="hbm-pressure")
-    parser.add_argument("--out", type=Path, help="PNG, PDF or SVG file (default: PATH/KIND.png)")
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="PNG, PDF or SVG file (default: PATH/KIND.png)"
+    )
     parser.add_argument(
         "--where", action="append", default=[], metavar="KEY=VALUE",
         help="keep the sweep points whose axis KEY equals VALUE (repeatable)",
@@ -58,7 +60,7 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hue", metavar="AXIS,...",
         help="throughput/hit-rate: axes that tell lines apart (default: every other axis that "
-        "varies)",
+        "varies; '' for one line)",
     )  # fmt: skip
     parser.add_argument("--panel", metavar="AXIS", help="throughput/hit-rate: one panel per value")
     parser.set_defaults(func=plot_command)
@@ -103,8 +105,10 @@ def add_sweep_command(sub: argparse._SubParsersAction) -> None:
         "Exit status 1 if a point failed (its error is in results.parquet).",
     )
     parser.add_argument("sweep", help="sweep YAML (base, grid, zip, seeds)")
-    parser.add_argument("--out", type=Path, required=True, help="sweep directory")
-    parser.add_argument("--workers", type=int, help="points at once (default: all cores)")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="sweep directory")
+    parser.add_argument(
+        "--workers", type=int, metavar="N", help="points at once (default: all cores)"
+    )
     parser.add_argument(
         "--backend", choices=("local", "ray"), default="local",
         help="local process pool (default) or Ray tasks on ray.init() ($RAY_ADDRESS)",

@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from experiments.plots.sources import DEFAULTS, PlotOptions, Source, runs
-from experiments.plots.style import MAX_LINES, color, figure_legend, plt, save, styled
+from experiments.plots.style import MAX_LINES, color, figure_legend, linestyle, plt, save, styled
 from sim.errors import KvsimError
 
 METRICS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"))
@@ -49,7 +49,7 @@ def plot_latency_cdf(source: Source, out: str | Path, options: PlotOptions = DEF
         for ax, (metric, label) in zip(axes, METRICS, strict=True):
             for i, config in enumerate(data.config.unique()):
                 rows = data[(data.config == config) & (data.metric == metric)]
-                ax.plot(rows.value_s * 1e3, rows.cdf, color=color(i), label=config,
+                ax.plot(rows.value_s * 1e3, rows.cdf, color=color(i), ls=linestyle(i), label=config,
                         drawstyle="steps-post")  # fmt: skip
             ax.set(xlabel=label, ylabel="fraction of requests", ylim=(0, 1.02))
             values = data[(data.metric == metric) & (data.value_s > 0)].value_s

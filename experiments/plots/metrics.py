@@ -27,6 +27,7 @@ from experiments.plots.style import (
     MAX_LINES,
     color,
     figure_legend,
+    linestyle,
     marker,
     panels,
     plt,
@@ -194,7 +195,8 @@ def _draw(data: pd.DataFrame, out: str | Path, ylabel: str, scale: float) -> Pat
                 rows = data[(data.panel == name) & (data.series == label)]
                 xs = rows.x if numeric else rows.x.map(format_value).map(ticks.index)
                 ax.errorbar(xs, rows["mean"] * scale, yerr=rows["std"] * scale, color=color(i),
-                            marker=marker(i), ms=4, capsize=2.5, label=label or "all")  # fmt: skip
+                            marker=marker(i), ls=linestyle(i), ms=4, capsize=2.5,
+                            label=label or "all")  # fmt: skip
             _x_axis(ax, data, numeric, ticks)
             ax.set(ylabel=ylabel, title=name)
             ax.set_ylim(bottom=0)
@@ -212,7 +214,7 @@ def _x_axis(ax: plt.Axes, data: pd.DataFrame, numeric: bool, ticks: Sequence[str
         ax.set_xticks(range(len(ticks)), ticks, rotation=20 if len(ticks) > 4 else 0)
         return
     values = np.asarray(data.x, dtype=float)
-    if values.min() > 0 and values.max() / values.min() >= 16:
+    if values.min() > 0 and values.max() / values.min() >= 8:
         ax.set_xscale("log", base=2 if np.allclose(np.log2(values) % 1, 0) else 10)
         if len(ticks) <= 12:
             ax.set_xticks(

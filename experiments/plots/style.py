@@ -56,8 +56,13 @@ def color(i: int) -> str:
 
 
 def marker(i: int) -> str:
-    """The i-th series marker."""
-    return MARKERS[i % len(MARKERS)]
+    """The i-th series marker (shifted each time the colours wrap, so no pair repeats)."""
+    return MARKERS[(i + i // len(PALETTE)) % len(MARKERS)]
+
+
+def linestyle(i: int) -> str:
+    """The i-th series line style: solid, then dashed once the colours wrap."""
+    return "-" if i < len(PALETTE) else "--"
 
 
 def check_out(out: str | Path) -> Path:

@@ -129,8 +129,12 @@ def test_command_writes_one_row_per_policy_and_capacity(tmp_path, capsys):
 def test_parallel_generic_and_fused_runs_agree(tmp_path):
     rng = np.random.default_rng(1)
     rows = [
-        {"timestamp": i, "input_length": 512 * 6, "output_length": 1,
-         "hash_ids": sorted(set(rng.zipf(1.5, 6).tolist()))}
+        {
+            "timestamp": i,
+            "input_length": 512 * 6,
+            "output_length": 1,
+            "hash_ids": sorted(set(rng.zipf(1.5, 6).tolist())),
+        }
         for i in range(300)
     ]
     trace = read_trace(write_trace(tmp_path / "z.jsonl", rows))
