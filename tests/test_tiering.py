@@ -171,6 +171,20 @@ def test_classic_sweep_point_hbm_pool_limit_vs_dram_centric():
     assert dram["output_tokens_per_s"] > 1.5 * hbm["output_tokens_per_s"]
 
 
+def test_classic_sweep_llama_3_8b_fits_at_32_x_8192_and_binds_at_64():
+    # GQA: 128 KiB/token, so the issue's corner (32 x 8192 + 128) needs 32.5 GiB of KV and
+    # the H100's ~54 GiB pool holds it; the pool limit binds past ~54 GiB, e.g. 64 x 8192
+    sparse = {"kind": "sparse", "sink_blocks": 1, "window_blocks": 16, "topk_blocks": 64}
+    corner = classic("llama-3-8b", "hbm", "full")
+    kv_needed = 32 * (8192 + 128) * corner.config.model.kv_bytes_per_token()
+    assert kv_needed < corner.timeline.hbm_kv_pool_bytes.iloc[0]
+    assert corner.summary["preemptions"] == 0
+    hbm = classic("llama-3-8b", "hbm", "full", batch=64).summary
+    dram = classic("llama-3-8b", "dram_centric", sparse, batch=64).summary
+    assert hbm["preemptions"] > 0 and dram["preemptions"] == 0
+    assert dram["output_tokens_per_s"] > hbm["output_tokens_per_s"]
+
+
 def test_dram_centric_full_access_is_bound_by_the_host_link():
     result = classic("llama-2-7b", "dram_centric", "full")
     config = result.config

@@ -50,6 +50,7 @@ def test_microbenchmarks_write_the_long_table():
 
 
 @pytest.mark.ci_validate
+@pytest.mark.xdist_group("timing")  # never beside the Ray test (pyproject addopts)
 def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
     profile = tmp_path / "cpu-calibrated.yaml"
     assert main(["calibrate", "--device", "cpu", "--quick", "--out", str(profile)]) == 0
