@@ -69,7 +69,7 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
 def sweep_command(args: argparse.Namespace) -> int:
     """Expand and check the sweep, run its points, write ``results.parquet``."""
     from experiments.runner import SweepInterrupted, run_sweep
-    from experiments.sweep import load_sweep
+    from experiments.sweep import load_sweep, with_checks
     from experiments.tasks import Limits
 
     if args.workers is not None and args.workers < 1:
@@ -77,6 +77,8 @@ def sweep_command(args: argparse.Namespace) -> int:
     if args.point_timeout is not None and args.point_timeout <= 0:
         raise KvsimError(f"--point-timeout must be positive, got {args.point_timeout}")
     sweep = load_sweep(args.sweep)
+    if args.check:
+        sweep = with_checks(sweep)
     print(f"{args.sweep}: {len(sweep.points)} points over {', '.join(sweep.axes) or 'no axis'}")
     try:
         limits = Limits(args.workers, args.point_timeout)
@@ -114,6 +116,10 @@ def add_sweep_command(sub: argparse._SubParsersAction) -> None:
         help="local process pool (default) or Ray tasks on ray.init() ($RAY_ADDRESS)",
     )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="skip points already done in DIR")
+    parser.add_argument(
+        "--check", action="store_true",
+        help="verify invariants after every step of every point (engine.check; same point ids)",
+    )  # fmt: skip
     parser.add_argument(
         "--point-timeout", type=float, metavar="SECONDS",
         help="stop a point that runs longer and record it as failed (default: no limit)",

@@ -21,6 +21,7 @@ from experiments import store
 from experiments.sweep import Sweep
 from experiments.tasks import NO_LIMITS, Backend, Limits, Outcomes, Task
 from sim.errors import KvsimError
+from sim.rundir import probe_folder
 
 BACKENDS = ("local", "ray")
 
@@ -72,6 +73,7 @@ def prepare(out: Path, sweep: Sweep, resume: bool) -> list[Task]:
     """Check and set up the sweep directory; the tasks still to run."""
     if out.exists() and not out.is_dir():
         raise KvsimError(f"{out}: exists and is not a directory")
+    probe_folder(out)  # a full disk or a read-only folder fails before any point runs
     if (out / store.MANIFEST).is_file() and not resume:
         raise KvsimError(
             f"{out} already holds a sweep; pass --resume to continue it (finished points are "

@@ -21,6 +21,7 @@ import pandas as pd
 
 from experiments.sweep import Sweep, format_value
 from sim.errors import KvsimError
+from sim.rundir import current_umask
 
 MANIFEST = "sweep.json"
 POINTS = "points"
@@ -43,9 +44,14 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write a file through a temporary sibling renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~current_umask())  # NOTE: mkstemp makes it private (0600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_manifest(out: Path, sweep: Sweep) -> None:
@@ -75,7 +81,10 @@ def clear_failure(out: Path, point_id: str) -> None:
 
 
 def remove_partial(out: Path) -> None:
-    """Delete the temporary directories of points that were in flight when a sweep died."""
+    """Delete the temporary files and directories a sweep killed mid-write left behind."""
+    for pattern in (f".{MANIFEST}.*", f".{RESULTS}.*"):
+        for path in out.glob(pattern):
+            path.unlink(missing_ok=True)
     for folder in (out / POINTS, out / FAILURES):
         if not folder.is_dir():
             continue
@@ -140,8 +149,13 @@ def write_results(out: str | Path) -> Path:
     frame = results_frame(out)
     fd, tmp = tempfile.mkstemp(prefix=f".{RESULTS}.", dir=out)
     os.close(fd)
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out / RESULTS)
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, out / RESULTS)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return out / RESULTS
 
 

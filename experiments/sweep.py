@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +75,25 @@ def params_label(params: Mapping[str, Any], seed: int) -> str:
 
 
 def point_id(config: RunConfig) -> str:
-    """The stable id of a resolved config: a SHA-256 prefix of its canonical JSON."""
-    text = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The stable id of a resolved config: a SHA-256 prefix of its canonical JSON.
+
+    ``engine.check`` is left out: checking invariants does not change a point's results.
+    """
+    data = config.model_dump(mode="json")
+    data["engine"].pop("check", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:ID_LENGTH]
+
+
+def with_checks(sweep: Sweep) -> Sweep:
+    """The sweep with ``engine.check: true`` at every point (same point ids)."""
+    points = tuple(
+        replace(p, config=p.config.model_copy(
+            update={"engine": p.config.engine.model_copy(update={"check": True})}
+        ))
+        for p in sweep.points
+    )  # fmt: skip
+    return replace(sweep, points=points)
 
 
 def check_fits(config: RunConfig) -> None:
@@ -154,9 +170,16 @@ def _base(raw: Any, sweep_path: Path, source: str) -> tuple[dict[str, Any], Path
     """The base mapping, the folder its trace paths resolve against, and its name."""
     if isinstance(raw, str):
         path = sweep_path.parent / raw
+        if not path.is_file():
+            raise ConfigError(
+                f"cannot read file {raw!r}: not found at {path}; expected a run config path "
+                "relative to the sweep file, or an inline mapping",
+                source=source,
+                key="base",
+            )
         data = read_yaml(path)
         if not isinstance(data, dict):
-            raise ConfigError("a run config must be a YAML mapping", source=str(path))
+            raise ConfigError("expected a run config (a YAML mapping)", source=str(path))
         return data, path.parent, str(path)
     if isinstance(raw, Mapping):
         return dict(raw), sweep_path.parent, source

@@ -1,4 +1,4 @@
-"""Eviction and admission policies behind small interfaces, and a registry by name.
+"""Eviction, admission and prefetch policies behind small interfaces, and a registry by name.
 
 ``policies`` imports only numpy, the standard library and its own modules, never ``sim``.
 """
@@ -11,6 +11,8 @@ from policies.registry import (
     eviction_names,
     make_admission,
     make_eviction,
+    make_prefetch,
+    prefetch_names,
     register,
 )
 
@@ -26,6 +28,8 @@ __all__ = [
     "eviction_names",
     "make_admission",
     "make_eviction",
+    "make_prefetch",
+    "prefetch_names",
     "register",
     "replay",
     "replay_generic",

@@ -1,4 +1,4 @@
-"""The policy interfaces: eviction, admission and (reserved) prefetch.
+"""The policy interfaces: eviction, admission and prefetch.
 
 A policy sees block ids (non-negative ints, called *keys*) and numpy arrays, never the
 engine. The pool (a tier, or the replay loop in :mod:`policies.pool`) owns capacity and
@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -140,20 +140,52 @@ class AdmissionPolicy(ABC):
         """True if ``key`` should be inserted; may update the policy's own memory."""
 
 
-class PrefetchPolicy(Protocol):
-    """Reserved: proposes blocks to bring up to a faster tier (implemented with the engine).
+@dataclass(frozen=True)
+class PrefetchView:
+    """What the scheduler knows before a step, as ids and arrays (never the engine).
 
-    ``waiting`` holds the block keys of each queued request in queue order, ``next_batch``
-    those of the requests in the next step, and ``heat`` a per-key heat array (or None).
-    The result is ``(key, priority)`` pairs, highest priority first.
+    Attributes:
+        now: simulated time, seconds.
+        waiting: per queued request (queue order, first ``depth`` of them), its cached
+            prefix blocks that are not in HBM, in prefix order.
+        batch: per sequence decoding in the next step, the blocks its top-k part picks from.
+        topk: per ``batch`` entry, how many of those blocks attention reads.
+        heat: per-block heat score of the access model (indexed by key), or None.
     """
 
-    def propose(
-        self,
-        waiting: Sequence[np.ndarray],
-        next_batch: Sequence[np.ndarray],
-        heat: np.ndarray | None,
-        now: float,
-    ) -> list[tuple[int, float]]:
-        """Keys to prefetch with their priorities."""
-        ...
+    now: float
+    waiting: Sequence[np.ndarray] = ()
+    batch: Sequence[np.ndarray] = ()
+    topk: Sequence[int] = ()
+    heat: np.ndarray | None = None
+
+
+class PrefetchPolicy(ABC):
+    """Proposes blocks to bring up to HBM ahead of use; the engine moves them if room allows.
+
+    ``propose`` returns ``(key, priority)`` pairs; the engine fetches them highest priority
+    first, within the policy's byte budget (``max_bytes_per_step``, 0 = no limit) and the HBM
+    room that no running request pins. The session hooks serve policies that keep or
+    pre-stage a conversation's blocks between its turns (``protected``).
+    """
+
+    name: ClassVar[str] = ""
+    params: ClassVar[Mapping[str, Param]] = MappingProxyType({})
+    max_bytes_per_step: float = 0.0
+    lookahead: int = 0  # waiting requests whose blocks ``view.waiting`` should list
+    wants_batch: ClassVar[bool] = False  # fill ``view.batch``/``topk`` (costs a pass per step)
+    wants_sessions: ClassVar[bool] = False  # call the session hooks
+
+    @abstractmethod
+    def propose(self, view: PrefetchView) -> list[tuple[int, float]]:
+        """Keys to bring up before the next step, with their priorities."""
+
+    def on_turn_end(self, session: int, keys: np.ndarray, now: float) -> None:  # noqa: B027
+        """A session's turn finished; ``keys`` are its cached blocks (optional hook)."""
+
+    def on_turn_start(self, session: int, now: float) -> None:  # noqa: B027
+        """A session's next turn arrived at ``now`` (optional hook)."""
+
+    def protected(self, now: float) -> np.ndarray:
+        """Keys that eviction should spare while other victims exist (default: none)."""
+        return np.zeros(0, dtype=np.int64)

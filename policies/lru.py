@@ -31,6 +31,12 @@ class LRU(EvictionPolicy):
         """``key`` is now the most recent."""
         self._order.move_to_end(key)
 
+    def on_access_many(self, keys: list[int], now: float = 0.0) -> None:
+        """:meth:`on_access` each of ``keys``, in order (one call per step, not per block)."""
+        move = self._order.move_to_end
+        for key in keys:
+            move(key)
+
     def on_remove(self, key: int) -> None:
         """Forget ``key``."""
         del self._order[key]

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from policies.admission import AlwaysAdmit, SecondHit, Threshold
 from policies.arc import ARC
-from policies.base import AdmissionPolicy, EvictionPolicy
+from policies.base import AdmissionPolicy, EvictionPolicy, PrefetchPolicy
 from policies.fifo import FIFO
 from policies.gds import GreedyDualSize
 from policies.heat import HeatEMA
@@ -24,12 +24,13 @@ from policies.length_aware import LengthAware
 from policies.lfu import LFU
 from policies.lru import LRU
 from policies.opt import OPT
+from policies.prefetch import PREFETCHERS
 from policies.prefix_lru import PrefixLRU
 from policies.s3fifo import S3FIFO
 from policies.scheduler_aware import SchedulerAware
 from policies.sieve import SIEVE
 
-P = TypeVar("P", EvictionPolicy, AdmissionPolicy)
+P = TypeVar("P", EvictionPolicy, AdmissionPolicy, PrefetchPolicy)
 Spec = str | Mapping[str, Any]
 
 EVICTION: dict[str, type[EvictionPolicy]] = {
@@ -42,6 +43,7 @@ EVICTION: dict[str, type[EvictionPolicy]] = {
 ADMISSION: dict[str, type[AdmissionPolicy]] = {
     cls.name: cls for cls in (AlwaysAdmit, SecondHit, Threshold)
 }
+PREFETCH: dict[str, type[PrefetchPolicy]] = {cls.name: cls for cls in PREFETCHERS}
 ALIASES = {"belady": "opt", "min": "opt", "greedydual": "gds", "heat_ema": "heat"}
 
 CONTEXT = {
@@ -53,12 +55,15 @@ CONTEXT = {
 
 
 def _tables(kind: type) -> tuple[str, dict[str, Any]]:
+    if kind is PrefetchPolicy:
+        return "prefetch", PREFETCH
     return ("eviction", EVICTION) if kind is EvictionPolicy else ("admission", ADMISSION)
 
 
 def register(cls: type[P]) -> type[P]:
     """Add a policy class under its ``name`` (usable as a decorator); names are unique."""
-    kind = EvictionPolicy if issubclass(cls, EvictionPolicy) else AdmissionPolicy
+    kinds = (EvictionPolicy, AdmissionPolicy, PrefetchPolicy)
+    kind = next(k for k in kinds if issubclass(cls, k))
     label, table = _tables(kind)
     if not cls.name or cls.name in table or cls.name in ALIASES:
         raise ValueError(
@@ -112,7 +117,7 @@ def resolve(name: str, kind: type = EvictionPolicy) -> type:
 
 
 def check_params(
-    cls: type[EvictionPolicy] | type[AdmissionPolicy],
+    cls: type[EvictionPolicy] | type[AdmissionPolicy] | type[PrefetchPolicy],
     name: str,
     params: Mapping[str, Any],
     label: str,
@@ -180,6 +185,16 @@ def make_admission(spec: Spec, **context: Any) -> AdmissionPolicy:
     if unknown:
         raise TypeError(f"unknown context argument(s): {', '.join(sorted(unknown))}")
     return _build(spec, AdmissionPolicy, context)
+
+
+def make_prefetch(spec: Spec) -> PrefetchPolicy:
+    """Build a prefetch policy (``none``, ``queue_lookahead``, ``heat``, ``next_turn`` ...)."""
+    return _build(spec, PrefetchPolicy, {})
+
+
+def prefetch_names() -> list[str]:
+    """Registered prefetch policy names, sorted."""
+    return sorted(PREFETCH)
 
 
 def eviction_names() -> list[str]:

@@ -1,8 +1,10 @@
 """Which KV blocks decode attention reads: all of them, or a sparse hot set.
 
 Sparse: attention-sink blocks, a recent window, and the top-k middle blocks by a latent heat
-score. Each step a fraction ``drift`` of a sequence's middle blocks draw a fresh score, so
-the hot set drifts over time. Every draw comes from the run's seeded Generator.
+score. Each step a fraction ``drift`` of a sequence's middle blocks draw a fresh score
+(``drift_kind: redraw``), or every middle score takes a Gaussian step of size ``drift``
+(``walk``: attention shifts gradually, so the next hot set is partly predictable), so the
+hot set drifts over time. Every draw comes from the run's seeded Generator.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class AccessModel:
         """Latent score of a newly written block."""
         return float(self.rng.random()) if self.sparse else 0.0
 
+    def initial_heats(self, k: int) -> np.ndarray:
+        """Latent scores of ``k`` new blocks (the same draws as ``k`` :meth:`initial_heat`)."""
+        return self.rng.random(k) if self.sparse else np.zeros(k)
+
     def topk(self, n: int) -> int:
         """How many middle blocks the top-k part reads for a sequence of ``n`` blocks."""
         spec = self.spec
@@ -47,7 +53,9 @@ class AccessModel:
         k = self.topk(n)
         if k >= len(middle):
             return blocks
-        if spec.drift > 0:
+        if spec.drift > 0 and spec.drift_kind == "walk":
+            heat[middle] += spec.drift * self.rng.standard_normal(len(middle))
+        elif spec.drift > 0:
             redraw = middle[self.rng.random(len(middle)) < spec.drift]
             heat[redraw] = self.rng.random(len(redraw))
         hot = middle[np.argpartition(-heat[middle], k - 1)[:k]] if k else middle[:0]

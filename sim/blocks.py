@@ -65,6 +65,47 @@ class BlockTable:
         self.dirty[b] = False
         return b
 
+    def new_many(self, owner: int, position: int, heat: np.ndarray | float) -> list[int]:
+        """``len(heat)`` fresh blocks (or one, for a float) for ``owner`` from ``position`` on.
+
+        The same ids, in the same order, as that many :meth:`new` calls.
+        """
+        if isinstance(heat, float):
+            return [self.new(owner, position, heat)]
+        k = len(heat)
+        if k <= 4:  # scalar stores beat fancy indexing on a few blocks
+            return [self.new(owner, position + i, h) for i, h in enumerate(heat.tolist())]
+        free = self._free_ids
+        take = min(k, len(free))
+        ids = free[: -take - 1 : -1] if take else []
+        del free[len(free) - take :]
+        fresh = k - take
+        while self.size + fresh > self.capacity:
+            self._grow()
+        ids.extend(range(self.size, self.size + fresh))
+        self.size += fresh
+        at = np.asarray(ids, dtype=np.int64)
+        self.ref[at] = 1
+        self.owner[at] = owner
+        self.position[at] = np.arange(position, position + k)
+        self.heat[at] = heat
+        self.hash[at] = NO_HASH
+        self.access_count[at] = 0
+        self.dirty[at] = False
+        return ids
+
+    def drop_many(self, blocks: np.ndarray) -> None:
+        """:meth:`drop` each of ``blocks`` in order (none of them in a tier or referenced)."""
+        hashes = self.hash[blocks]
+        for b in blocks[hashes != NO_HASH].tolist() if hashes.any() else ():
+            h = int(self.hash[b])
+            if self.index.get(h) == b:
+                del self.index[h]
+                self.index_version += 1
+        self.hash[blocks] = NO_HASH
+        self.owner[blocks] = -1
+        self._free_ids.extend(blocks.tolist())
+
     def register(self, b: int, block_hash: int) -> None:
         """Make a computed block findable by its prefix hash (first writer wins)."""
         if block_hash != NO_HASH and block_hash not in self.index:

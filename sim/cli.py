@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from sim.errors import KvsimError
+from sim.invariants import InvariantViolation
 
 BUILTIN_COMMANDS = ("sim.commands.run", "sim.commands.replay", "sim.commands.trace")
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # a bad input: config, trace, sweep file, output folder
+EXIT_INVARIANT = 3  # the simulator broke one of its invariants (a bug, not the input's fault)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; user errors print one line and exit with status 2."""
+    """Run one subcommand; user errors print one message and exit with status 2."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except InvariantViolation as error:
+        print(f"kvsim: internal error (please report it): {error}", file=sys.stderr)
+        return EXIT_INVARIANT
     except KvsimError as error:
         print(f"kvsim: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,7 +12,8 @@ import simpy
 
 from sim.blocks import DRAM, HBM, SSD
 from sim.config.run import RunConfig
-from sim.costmodel import CostModel, CostParams
+from sim.costmodel import cost_model_for
+from sim.invariants import attach as attach_invariants
 from sim.kvcache import KvManager, StepIO
 from sim.links import Links
 from sim.memory import HbmPlan, plan_hbm
@@ -33,6 +34,7 @@ class RunResult:
     requests: pd.DataFrame
     timeline: pd.DataFrame
     summary: dict
+    kv_heat: pd.DataFrame | None = None  # per step, the blocks read (``engine.kv_heat``)
 
 
 def layerwise_step_s(transfer_s: float, layer_compute_s: float, layers: int) -> float:
@@ -47,9 +49,7 @@ class Engine:
     def __init__(self, config: RunConfig, requests: Requests):
         self.config = config
         self.requests = requests
-        self.cost = CostModel(
-            config.model, CostParams.from_hardware(config.hardware), config.kv_dtype_bytes
-        )
+        self.cost = cost_model_for(config)  # roofline or measured tables (validation helper)
         self.plan = plan_hbm(config, self.cost)
         self.env = simpy.Environment()
         self.links = Links.from_hardware(self.env, config.hardware)
@@ -68,6 +68,8 @@ class Engine:
             self._wake()
 
         self.kv.on_loaded = on_loaded
+        if config.engine.check:  # reliability hook: invariants after every step (sim/invariants.py)
+            attach_invariants(self)
 
     def run(self) -> RunResult:
         """Simulate until every request has finished or been rejected."""
@@ -81,13 +83,15 @@ class Engine:
             self.requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
             s.reject_reason,
         )  # fmt: skip
-        timeline = self.timeline.to_frame()
+        timeline = self.kv.prefetch.extend_timeline(self.timeline.to_frame())  # prefetch columns
         summary = summarize(requests, timeline, end)
         summary.update(self._tier_summary())
+        summary.update(self.kv.prefetch.summary())  # empty for prefetch: none
         if self.requests.report is not None:
             summary["workload"] = self.requests.report.as_dict()
         summary["wall_time_s"] = time.perf_counter() - started
-        return RunResult(self.config, self.plan, requests, timeline, summary)
+        kv_heat = self.kv.heat_log.frame() if self.kv.heat_log is not None else None
+        return RunResult(self.config, self.plan, requests, timeline, summary, kv_heat)
 
     def _tier_summary(self) -> dict:
         c, links = self.kv.counters, self.links
@@ -152,6 +156,7 @@ class Engine:
         io = self.kv.plan_step(
             batch.ids, batch.context, batch.new_tokens, self._room_bytes(activations)
         )
+        self.kv.prefetch.on_step(self.scheduler, batch)  # prefetch hook: stage for next steps
         cost = self.cost.step(batch.new_tokens, io.attention_context, batch.num_sampled)
         params = self.cost.params
         compute = (
@@ -206,16 +211,17 @@ class Engine:
             yield self.env.timeout(per_layer)
 
     def _link_deltas(self) -> tuple[float, ...]:
-        links = self.links
-        now = (
-            links.h2d.bytes_delivered, links.d2h.bytes_delivered,
+        links, c = self.links, self.kv.counters
+        h2d, d2h = links.h2d, links.d2h
+        hbm, dram, ssd = c.hits
+        now = [
+            h2d.bytes_delivered, d2h.bytes_delivered,
             links.ssd_read.bytes_delivered, links.ssd_write.bytes_delivered,
-            links.h2d.busy_s, links.d2h.busy_s,
-            *map(float, self.kv.counters.hits), float(self.kv.counters.access_hbm_hits),
-        )  # fmt: skip
-        deltas = tuple(a - b for a, b in zip(now, self._marks, strict=True))
-        self._marks = list(now)
-        return deltas
+            h2d.busy_s, d2h.busy_s, float(hbm), float(dram), float(ssd), float(c.access_hbm_hits),
+        ]  # fmt: skip
+        m = self._marks
+        self._marks = now
+        return tuple([now[i] - m[i] for i in range(10)])
 
     def _record(
         self, start: float, step_s: float, batch: Batch, cost, io: StepIO, activations: float
@@ -224,7 +230,7 @@ class Engine:
         plan, s, kv = self.plan, self.scheduler, self.kv
         running, cached = kv.hbm_kv_bytes()
         decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
-        prefill = int(batch.new_tokens[~decode].sum())
+        prefill = batch.num_tokens - int(np.count_nonzero(decode))  # decodes add one token
         h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = self._link_deltas()
         hbm_tier = kv.tiers[HBM]
         pool = hbm_tier.capacity * hbm_tier.block_bytes

@@ -23,9 +23,13 @@ from policies.registry import make_eviction
 from sim.access import AccessModel
 from sim.blocks import DRAM, HBM, SSD, BlockTable
 from sim.config.run import RunConfig
+from sim.heatlog import HeatLog
 from sim.links import Links
+from sim.prefetch import Prefetcher
 from sim.tiers import Tier
 from sim.workload.requests import Requests
+
+PREFIX_MEMO = 64  # requests whose prefix lookups are memoised (per block-index version)
 
 
 @dataclass
@@ -99,6 +103,12 @@ class KvManager:
         self.loads_in_flight = 0
         self._prefix_memo: dict[int, tuple[int, list[int]]] = {}
         self._copies: dict[tuple[str, bool], float] = {}
+        self._mirrors: dict[int, list] = {}  # rid -> [its block list, length mirrored, array]
+        self.arrival_s = requests.arrival_s
+        self.prefetch = Prefetcher(self, kv.prefetch, requests.session)
+        self.step_reads = np.zeros(0, dtype=np.int64)  # blocks the current step reads (pinned)
+        engine = config.engine
+        self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
 
     def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
         block_bytes = self.config.tier_block_bytes(name)
@@ -127,7 +137,14 @@ class KvManager:
         return max(-(-tokens // self.bt) - int(self.held[rid]), 0)
 
     def _make_room(self, tier: Tier, n: int, pinned: np.ndarray | None = None) -> None:
-        """Evict until ``n`` blocks fit in ``tier`` (the caller checked ``available``)."""
+        """Evict until ``n`` blocks fit in ``tier`` (the caller checked ``available``).
+
+        Blocks a prefetcher asks to keep (``prefetch.spare``) go last, when nothing else can.
+        """
+        spare = self.prefetch.spare
+        if spare is not None and pinned is None and tier.index == HBM:
+            for b in tier.evict(n - tier.free_slots, spare):
+                self._demote(b, tier)
         for b in tier.evict(n - tier.free_slots, pinned):
             self._demote(b, tier)
 
@@ -137,11 +154,10 @@ class KvManager:
         if k == 0:
             return
         self._make_room(self.home, k)
-        now = self.env.now
-        for i in range(k):
-            b = self.table.new(rid, int(self.held[rid]) + i, self.access.initial_heat())
-            self.home.add(b, now, evictable=False)
-            self.blocks[rid].append(b)
+        heat = self.access.initial_heat() if k == 1 else self.access.initial_heats(k)
+        ids = self.table.new_many(rid, int(self.held[rid]), heat)
+        self.home.add_pinned(ids)
+        self.blocks[rid].extend(ids)
         self.held[rid] += k
 
     # --- leaving ------------------------------------------------------------------------------
@@ -149,6 +165,12 @@ class KvManager:
     def release(self, rid: int) -> None:
         """``rid`` no longer needs its blocks: cache the hashed ones, drop the rest (tail first)."""
         now = self.env.now
+        self._mirrors.pop(rid, None)
+        if self.prefetch.sessions is not None:
+            self.prefetch.turn_ended(rid, self.blocks[rid])
+        if not self.prefix and not self.prefetch.active:
+            self._release_unshared(rid)
+            return
         for b in reversed(self.blocks[rid]):
             self.table.ref[b] -= 1
             if self.table.ref[b] > 0:
@@ -163,7 +185,22 @@ class KvManager:
         self.held[rid] = 0
         self.registered[rid] = 0
 
+    def _release_unshared(self, rid: int) -> None:
+        """:meth:`release` without prefix caching: drop the dead blocks, tail first, at once."""
+        t = self.table
+        blocks = np.asarray(self.blocks[rid][::-1], dtype=np.int64)
+        t.ref[blocks] -= 1
+        dead = blocks[t.ref[blocks] <= 0]
+        for tier in self.tiers:
+            tier.remove_many(dead)
+        t.drop_many(dead)
+        self.blocks[rid] = []
+        self.held[rid] = 0
+        self.registered[rid] = 0
+
     def _forget(self, b: int) -> None:
+        if self.prefetch.active:
+            self.prefetch.forget(b)
         for tier in self.tiers:
             if self.table.where[tier.index, b]:
                 tier.remove(b)
@@ -172,6 +209,10 @@ class KvManager:
     def _demote(self, b: int, tier: Tier) -> None:
         """After ``b`` was evicted from ``tier``: copy it down if worth keeping, else forget it."""
         t = self.table
+        if t.owner[b] < 0:  # already dropped: room made below for an earlier victim took it
+            return
+        if tier.index == HBM and self.prefetch.active:
+            self.prefetch.forget(b)
         below = self.tiers[tier.index + 1] if tier.index < SSD else None
         keep = self.prefix and t.hash[b] and t.ref[b] == 0 and self.mode != "hbm"
         if tier.index == HBM and self.mode == "dram_centric":
@@ -273,7 +314,9 @@ class KvManager:
             if b is None:
                 break
             ids.append(b)
-        self._prefix_memo = {rid: (version, ids)}  # only the queue head is retried
+        if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, and a prefetch lookahead
+            self._prefix_memo = {}
+        self._prefix_memo[rid] = (version, ids)
         return ids
 
     def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
@@ -300,6 +343,8 @@ class KvManager:
                 self.home.touch(b, now)
             else:
                 loads.append(b)
+        on_ssd = [b for b in loads if not self.table.where[DRAM, b]]
+        sources = self._pin_sources(loads)
         self._make_room(self.home, len(loads))
         for b in loads:
             self.home.add(b, now, evictable=False)
@@ -307,22 +352,54 @@ class KvManager:
         self.held[rid] = len(hits)
         self.registered[rid] = len(hits)
         c.prefix_hit_tokens += len(hits) * self.bt
-        if loads:
+        waits: list[simpy.Event] = []
+        if self.prefetch.active:
+            self.prefetch.admitted(rid, float(self.arrival_s[rid]))
+            in_hbm = [b for b, _ in hits if self.table.where[HBM, b]]
+            self.prefetch.used(in_hbm)
+            waits = self.prefetch.waits(in_hbm)  # staged copies still on their way
+        if loads or waits:
             self.loads_in_flight += 1
-            self.env.process(self._load(rid, loads))
-        return bool(loads)
+            self.env.process(self._load(rid, loads, on_ssd, sources, waits))
+        return bool(loads or waits)
 
-    def _load(self, rid: int, blocks: list[int]):
-        """Bring lower-tier blocks home: SSD -> DRAM, then (offload) DRAM -> HBM."""
-        on_ssd = [b for b in blocks if not self.table.where[DRAM, b]]
+    def _pin_sources(self, blocks: list[int]) -> list[tuple[Tier, int]]:
+        """Pin the lower-tier copy each load reads (DRAM, else SSD), so that making room
+        cannot evict it before the copy is done; returns what it pinned."""
+        pinned = []
+        for b in blocks:
+            tier = self.tiers[DRAM if self.table.where[DRAM, b] else SSD]
+            if b in tier.evictable:
+                tier.pin(b)
+                pinned.append((tier, b))
+        return pinned
+
+    def _load(
+        self,
+        rid: int,
+        blocks: list[int],
+        on_ssd: list[int],
+        sources: list[tuple[Tier, int]],
+        waits: list[simpy.Event],
+    ):
+        """Bring lower-tier blocks home: ``on_ssd`` ones SSD -> DRAM, then (offload) all
+        DRAM -> HBM; release the pinned ``sources``; wait for the prefetch copies of its
+        blocks still in flight."""
         dram = self.tiers[DRAM]
         if on_ssd:
             yield self.links.ssd_read.transfer(len(on_ssd) * dram.block_bytes)
             if self.home is not dram:
                 for b in on_ssd:
-                    self._insert(dram, b)
-        if self.home.index == HBM:
+                    if not self.table.where[DRAM, b]:
+                        self._insert(dram, b)
+        if self.home.index == HBM and blocks:
             yield self.links.h2d.transfer(len(blocks) * dram.block_bytes, dram.block_bytes)
+        now = self.env.now
+        for tier, b in sources:
+            if self.table.where[tier.index, b]:
+                tier.make_evictable(b, now)
+        if waits:
+            yield simpy.AllOf(self.env, waits)
         self.loads_in_flight -= 1
         self.on_loaded(rid)
 
@@ -361,12 +438,34 @@ class KvManager:
         for i, (rid, ctx, n) in enumerate(
             zip(ids.tolist(), context.tolist(), new.tolist(), strict=True)
         ):
-            blocks = np.asarray(self.blocks[rid][: -(-ctx // self.bt)], dtype=np.int64)
+            blocks = self._block_array(rid, -(-ctx // self.bt))
             if self.access.sparse and n == 1 and ctx >= self.prompt[rid]:
                 blocks = self.access.decode_blocks(blocks, heat)
                 attended[i] = min(ctx, len(blocks) * self.bt)
             reads.append(blocks)
         return reads, attended
+
+    def _block_array(self, rid: int, n: int) -> np.ndarray:
+        """``blocks[rid][:n]`` as an int64 array: a view of a mirror that grows with the list.
+
+        NOTE: a request's block list is only ever extended or replaced (``take``, ``release``),
+        never edited in place; a replaced list gets a fresh mirror.
+        """
+        blocks = self.blocks[rid]
+        mirror = self._mirrors.get(rid)
+        if mirror is None or mirror[0] is not blocks:
+            buf = np.empty(max(2 * len(blocks), 16), dtype=np.int64)
+            buf[: len(blocks)] = blocks
+            mirror = self._mirrors[rid] = [blocks, len(blocks), buf]
+        _, filled, buf = mirror
+        if filled < len(blocks):
+            if len(blocks) > len(buf):
+                grown = np.empty(2 * len(blocks), dtype=np.int64)
+                grown[:filled] = buf[:filled]
+                buf = mirror[2] = grown
+            buf[filled : len(blocks)] = blocks[filled:]
+            mirror[1] = len(blocks)
+        return buf[: min(n, len(blocks))]
 
     def plan_step(
         self, ids: np.ndarray, context: np.ndarray, new: np.ndarray, room_bytes: float
@@ -377,12 +476,17 @@ class KvManager:
         blocking, self.blocking = self.blocking, []
         if self.mode != "dram_centric" and not self.access.sparse:
             # every block read is resident by construction: count, don't collect
+            if self.heat_log is not None and self.heat_log.due(now):
+                self.heat_log.record(now, self._read_sets(ids, context, new)[0], t.where)
             read = int((-(-context // self.bt)).sum())
             c.access_blocks += read
             c.access_hbm_hits += read
             return StepIO(0.0, 0.0, blocking, 0.0, context, 0.0)
         reads, attended = self._read_sets(ids, context, new)
         need = self._union(reads)
+        if self.heat_log is not None and self.heat_log.due(now):
+            self.heat_log.record(now, reads, t.where)
+        self.step_reads = need
         t.last_access[need] = now
         t.access_count[need] += 1
         c.access_blocks += len(need)
@@ -392,10 +496,15 @@ class KvManager:
         hbm, dram = self.tiers[HBM], self.tiers[DRAM]
         misses = need[~t.where[HBM, need]]
         c.access_hbm_hits += len(need) - len(misses)
-        for b in need[t.where[HBM, need]].tolist():
-            hbm.touch(b, now)
+        if self.prefetch.active:
+            present = need[t.where[HBM, need]]
+            self.prefetch.used(present)
+            blocking.extend(self.prefetch.waits(present.tolist()))  # staged, still arriving
+        hbm.touch_many(need[t.where[HBM, need]].tolist(), now)
         direct = self.config.kv.direct_read
         staging = 0.0 if direct else 2.0 * len(misses) * hbm.block_bytes / self.layers
+        # NOTE: a fetch whose double buffer exceeds the HBM left streams through what is left
+        staging = min(staging, max(room_bytes, 0.0))
         pinned = np.zeros(t.capacity, dtype=bool)
         pinned[need] = True
         hbm.capacity = max(int((room_bytes - staging) // hbm.block_bytes), 0)

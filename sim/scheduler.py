@@ -14,7 +14,7 @@ the step samples a new token. A request is done after ``output_tokens`` samples.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 
 import numpy as np
@@ -40,15 +40,12 @@ class Batch:
     samples: np.ndarray
     preempted: np.ndarray
 
-    @property
-    def num_sampled(self) -> int:
-        """Sequences that produce a token this step."""
-        return int(self.samples.sum())
+    num_sampled: int = field(init=False)  # sequences that produce a token this step
+    num_tokens: int = field(init=False)  # tokens computed this step
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens computed this step."""
-        return int(self.new_tokens.sum())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_sampled", int(self.samples.sum()))
+        object.__setattr__(self, "num_tokens", int(self.new_tokens.sum()))
 
 
 class Scheduler:
@@ -123,17 +120,22 @@ class Scheduler:
     def _schedule_running(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokens for each running request in order, preempting from the tail if needed."""
         ids = self.running
-        remaining = self._remaining(ids)
-        n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
-        need = np.maximum(
-            -(-(self.computed[ids] + n) // self.engine.block_tokens) - self.kv.held[ids], 0
-        )
-        if need.sum() <= self.kv.available:
-            for rid, k, t in zip(
-                ids.tolist(), need.tolist(), (self.computed[ids] + n).tolist(), strict=True
-            ):
-                if k:
-                    self.kv.allocate(rid, t)
+        computed = self.computed[ids]
+        remaining = self.prompt[ids] + self.generated[ids] - computed
+        total = int(remaining.sum())
+        if total <= budget:  # everyone gets all it needs (the usual decode step)
+            n = remaining
+        else:
+            n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
+        target = computed + n
+        need = -(-target // self.engine.block_tokens) - self.kv.held[ids]
+        growing = np.flatnonzero(need > 0)
+        if len(growing) == 0:
+            return ids, n, ids[:0]
+        if int(need[growing].sum()) <= self.kv.available:
+            allocate = self.kv.allocate
+            for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
+                allocate(rid, t)
             return ids, n, ids[:0]
         return self._schedule_running_preempting(ids, n)
 
@@ -223,22 +225,40 @@ class Scheduler:
             budget -= n
         return ids, tokens
 
+    def _stuck(self) -> bool:
+        """Nothing runs or loads, and the queue head could not be admitted."""
+        return len(self.running) == 0 and self.loading == 0 and bool(self.waiting)
+
+    def _return_held_blocks(self) -> bool:
+        """Liveness: requests behind the queue head that hold the prefix blocks they loaded
+        (a preempted request was queued in front of them) give the blocks back to the cache,
+        where they stay findable, and will match their prefix again. True if any did."""
+        kv, head = self.kv, self.waiting[0]
+        holders = [r for r in self.waiting if r != head and kv.held[r] > 0 and r not in kv.swapped]
+        for rid in reversed(holders):
+            kv.release(rid)
+            self.computed[rid] = 0
+        return bool(holders)
+
     def schedule(self, now: float) -> Batch:
         """Choose the next step's batch."""
         budget = self.engine.max_batched_tokens
         if self.kv.prefix:
             self.kv.hint_upcoming(list(islice(self.waiting, LOOKAHEAD_REQUESTS)))
         ids, n, preempted = self._schedule_running(budget)
-        active = n > 0
-        ids, n = ids[active], n[active]
+        if not n.all():
+            active = n > 0
+            ids, n = ids[active], n[active]
         if len(preempted) == 0:
             new_ids, new_tokens = self._admit_waiting(budget - int(n.sum()), now)
+            if not new_ids and self._stuck() and self._return_held_blocks():
+                new_ids, new_tokens = self._admit_waiting(budget, now)
             if new_ids:
                 new = np.array(new_ids, dtype=np.int64)
                 self.running = np.concatenate((self.running, new))
                 ids = np.concatenate((ids, new))
                 n = np.concatenate((n, np.array(new_tokens, dtype=np.int64)))
-        context = self.computed[ids].copy()
+        context = self.computed[ids]  # a copy (fancy indexing)
         samples = context + n == self.prompt[ids] + self.generated[ids]
         return Batch(ids=ids, new_tokens=n, context=context, samples=samples, preempted=preempted)
 

@@ -13,7 +13,11 @@ class Tier:
 
     Invariant: ``resident == table.where[index].sum() <= capacity`` (HBM in ``dram_centric``
     may shrink below ``resident`` for an instant; the manager evicts back under it). The
-    policy knows exactly the evictable residents (``evictable``); eviction picks among them.
+    policy knows exactly the residents that are ``evictable`` or ``held``, and picks victims
+    among the evictable ones. A held block is a known block in use again (a prefix hit, a
+    copy being read): the policy keeps its history, and sees the use as an access when it
+    ends, so frequency-aware policies (LFU, ARC, S3-FIFO, SIEVE) count reuse; LRU order is
+    release order, as in vLLM's free-block queue.
     """
 
     def __init__(
@@ -28,6 +32,8 @@ class Tier:
         self.table = table
         self.resident = 0
         self.evictable: set[int] = set()
+        self.held: set[int] = set()
+        self._held_mask = np.zeros(0, dtype=bool)  # ``held`` as a pinned mask for victims()
         self._positions = hasattr(policy, "set_position")  # length-aware eviction
 
     @property
@@ -54,35 +60,108 @@ class Tier:
         if evictable:
             self.make_evictable(b, now)
 
+    def add_pinned(self, blocks: list[int]) -> None:
+        """:meth:`add` each of ``blocks`` as in use (not evictable)."""
+        if len(blocks) == 1 and self.resident < self.capacity:
+            self.table.where[self.index, blocks[0]] = True
+            self.resident += 1
+            return
+        if self.resident + len(blocks) > self.capacity:
+            raise RuntimeError(
+                f"{self.name} tier full ({self.capacity} blocks): no room for {len(blocks)} more"
+            )
+        self.table.where[self.index, blocks] = True
+        self.resident += len(blocks)
+
+    def remove_many(self, blocks: np.ndarray) -> None:
+        """:meth:`remove` each of ``blocks`` that is resident here, in order."""
+        if self.resident == 0:
+            return
+        where = self.table.where[self.index]
+        here = blocks[where[blocks]]
+        if self.evictable or self.held:
+            for b in here.tolist():
+                self._forget(b)
+        where[here] = False
+        self.resident -= len(here)
+
     def remove(self, b: int) -> None:
         """``b`` leaves this tier (not an eviction: freed, or moved by the manager)."""
-        self.pin(b)
+        self._forget(b)
         self.table.where[self.index, b] = False
         self.resident -= 1
 
     def make_evictable(self, b: int, now: float) -> None:
-        """Tell the policy about ``b``: it may now be chosen as a victim."""
-        if b not in self.evictable:
+        """``b`` may now be chosen as a victim: a new block is inserted in the policy, a
+        held one's use ends with an access."""
+        if b in self.held:
+            self.held.discard(b)
+            self._held_mask[b] = False
+            self.evictable.add(b)
+            self.policy.on_access(b, now)
+        elif b not in self.evictable:
             self.evictable.add(b)
             if self._positions:
                 self.policy.set_position(b, int(self.table.position[b]))  # type: ignore[attr-defined]
             self.policy.on_insert(b, now)
 
     def pin(self, b: int) -> None:
-        """``b`` may not be evicted (in use); the policy forgets it."""
+        """``b`` may not be evicted while in use; a known block stays known (``held``)."""
+        if b in self.evictable:
+            self.evictable.discard(b)
+            self.held.add(b)
+            if b >= len(self._held_mask):
+                grown = np.zeros(max(b + 1, 2 * len(self._held_mask), 1024), dtype=bool)
+                grown[: len(self._held_mask)] = self._held_mask
+                self._held_mask = grown
+            self._held_mask[b] = True
+
+    def _forget(self, b: int) -> None:
+        """The policy forgets ``b`` (it leaves the tier)."""
         if b in self.evictable:
             self.evictable.discard(b)
             self.policy.on_remove(b)
+        elif b in self.held:
+            self.held.discard(b)
+            self._held_mask[b] = False
+            self.policy.on_remove(b)
+
+    def _with_held(self, pinned: np.ndarray | None) -> np.ndarray:
+        """``pinned`` (keys past its end unpinned) with the held blocks pinned too."""
+        held = self._held_mask
+        if pinned is None:
+            return held
+        out = np.zeros(max(len(pinned), len(held)), dtype=bool)
+        out[: len(pinned)] = pinned
+        out[: len(held)] |= held
+        return out
 
     def touch(self, b: int, now: float) -> None:
         """An evictable ``b`` was used (a hit)."""
         if b in self.evictable:
             self.policy.on_access(b, now)
 
+    def touch_many(self, blocks: list[int], now: float) -> None:
+        """:meth:`touch` each of ``blocks`` (all resident here), in order."""
+        evictable = self.evictable
+        if not evictable:
+            return
+        many = getattr(self.policy, "on_access_many", None)
+        if many is not None:  # a policy that takes a step's accesses in one call
+            every = len(evictable) == self.resident  # e.g. the HBM cache of dram_centric
+            many(blocks if every else [b for b in blocks if b in evictable], now)
+            return
+        on_access = self.policy.on_access
+        for b in blocks:
+            if b in evictable:
+                on_access(b, now)
+
     def evict(self, n: int, pinned: np.ndarray | None = None) -> list[int]:
         """Evict up to ``n`` evictable blocks chosen by the policy; returns them."""
         if n <= 0 or not self.evictable:
             return []
+        if self.held:
+            pinned = self._with_held(pinned)
         victims = self.policy.victims(min(n, len(self.evictable)), pinned)
         for b in victims:
             self.evictable.discard(b)

@@ -1,4 +1,5 @@
-"""Shared fixtures: small configs built from dicts, and the shared traces folder."""
+"""Shared fixtures: small configs built from dicts, cost-model parameters and a tiny model,
+and the shared traces folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import RunConfig, build_config
+from sim.config import ModelSpec, RunConfig, build_config
+from sim.costmodel import CostParams
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,3 +51,34 @@ def traces_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared traces not found at {path} (set KVSIM_TRACES)")
     return path
+
+
+@pytest.fixture
+def cost_params() -> CostParams:
+    """Round-number cost parameters: 1000 TFLOP/s, 2 TB/s; GEMMs at 500 TFLOP/s, attention at
+    250 TFLOP/s, memory at 1 TB/s; 1 ms per step and 10 us per layer of overhead."""
+    return CostParams(
+        peak_flops=1000e12,
+        hbm_bandwidth=2e12,
+        gemm_efficiency=0.5,
+        attention_efficiency=0.25,
+        hbm_efficiency=0.5,
+        step_overhead_s=1e-3,
+        layer_overhead_s=1e-5,
+    )
+
+
+@pytest.fixture
+def tiny_model() -> ModelSpec:
+    """A two-layer bf16 model: hidden 1024, 8 heads / 2 KV heads of 128, FFN 4096."""
+    return ModelSpec(
+        name="tiny",
+        layers=2,
+        hidden=1024,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        intermediate=4096,
+        vocab=32000,
+        dtype="bf16",
+    )

@@ -1,59 +1,41 @@
-"""Cost model against hand-computed rooflines and datasheet bounds."""
+"""Cost model against hand-computed rooflines and datasheet bounds.
+
+``cost_params`` and ``tiny_model`` come from ``tests/conftest.py``.
+"""
 
 import numpy as np
 import pytest
 
-from sim.config import ModelSpec, load_hardware, load_model
+from sim.config import load_hardware, load_model
 from sim.costmodel import CostModel, CostParams
 
-PARAMS = CostParams(
-    peak_flops=1000e12,
-    hbm_bandwidth=2e12,
-    gemm_efficiency=0.5,
-    attention_efficiency=0.25,
-    hbm_efficiency=0.5,
-    step_overhead_s=1e-3,
-    layer_overhead_s=1e-5,
-)
-TINY = ModelSpec(
-    name="tiny",
-    layers=2,
-    hidden=1024,
-    heads=8,
-    kv_heads=2,
-    head_dim=128,
-    intermediate=4096,
-    vocab=32000,
-    dtype="bf16",
-)
 
-
-def test_gemm_roofline_by_hand():
-    cost = CostModel(TINY, PARAMS)
+def test_gemm_roofline_by_hand(cost_params, tiny_model):
+    cost = CostModel(tiny_model, cost_params)
     # compute bound: 2*4096*1024*4096 FLOP at 500 TFLOP/s
     assert cost.gemm_time(4096, 1024, 4096) == pytest.approx(2 * 4096 * 1024 * 4096 / 500e12)
     # memory bound: (1024*4096 weights + 1*(1024+4096) activations) * 2 B at 1 TB/s
     assert cost.gemm_time(1, 1024, 4096) == pytest.approx((1024 * 4096 + 5120) * 2 / 1e12)
 
 
-def test_decode_attention_reads_kv_at_hbm_bandwidth():
-    cost = CostModel(TINY, PARAMS)
+def test_decode_attention_reads_kv_at_hbm_bandwidth(cost_params, tiny_model):
+    cost = CostModel(tiny_model, cost_params)
     ctx = np.array([1000, 3000])
     # per token per layer: K and V of 2 heads x 128 x 2 B = 1024 B; attend ctx + the new token
     expected = (1001 + 3001) * 1024 * 2 / 1e12
     assert cost.attention_time(np.ones(2), ctx) == pytest.approx(expected)
 
 
-def test_prefill_attention_is_causal_flops():
-    cost = CostModel(TINY, PARAMS)
+def test_prefill_attention_is_causal_flops(cost_params, tiny_model):
+    cost = CostModel(tiny_model, cost_params)
     n = 4096
     pairs = n * (n + 1) / 2
     flops = pairs * 2 * 8 * (128 + 128) * 2  # 2 FLOP x heads x (qk + v dims) x layers
     assert cost.attention_time(np.array([n]), np.array([0])) == pytest.approx(flops / 250e12)
 
 
-def test_step_is_sum_of_parts_with_overheads():
-    cost = CostModel(TINY, PARAMS)
+def test_step_is_sum_of_parts_with_overheads(cost_params, tiny_model):
+    cost = CostModel(tiny_model, cost_params)
     step = cost.step(np.array([100, 1]), np.array([0, 50]), sampled=2)
     assert step.overhead_s == pytest.approx(1e-3 + 2 * 1e-5)
     assert step.total_s == pytest.approx(step.linear_s + step.attention_s + step.overhead_s)
@@ -66,18 +48,18 @@ def test_decode_batch1_h100_near_weight_streaming_bound():
     assert bound <= cost.decode_time(np.array([1024])) <= 2 * bound
 
 
-def test_moe_decode_touches_top_k_experts_only():
+def test_moe_decode_touches_top_k_experts_only(cost_params):
     model = load_model("mixtral-8x7b")
-    cost = CostModel(model, PARAMS)
+    cost = CostModel(model, cost_params)
     one_token = cost.linear_time(1, 1)
-    dense_equivalent = CostModel(model.model_copy(update={"moe": None}), PARAMS)
+    dense_equivalent = CostModel(model.model_copy(update={"moe": None}), cost_params)
     # one token reads 2 of 8 experts: far less than all 8, more than a single MLP
     all_experts = 8 * dense_equivalent.linear_time(1, 1)
     assert dense_equivalent.linear_time(1, 1) < one_token < all_experts / 2
 
 
-def test_activation_bytes_grow_linearly_with_tokens():
-    cost = CostModel(TINY, PARAMS)
+def test_activation_bytes_grow_linearly_with_tokens(cost_params, tiny_model):
+    cost = CostModel(tiny_model, cost_params)
     a1, a2 = cost.activation_bytes(1000, 0), cost.activation_bytes(2000, 0)
     assert a2 == pytest.approx(2 * a1)
     assert cost.activation_bytes(0, 10) == 10 * 32000 * 4 * 2  # fp32 logits + probabilities

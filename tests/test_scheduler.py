@@ -67,3 +67,19 @@ def test_running_phase_matches_sequential_reference(data):
     assert sorted(preempted.tolist()) == sorted(want_preempted)
     assert list(s.waiting) == sorted(want_preempted)  # head of the queue: earliest preempted
     assert s.kv.home.resident == s.kv.held.sum() <= pool
+
+
+def test_loaded_requests_behind_a_preempted_head_give_their_blocks_back():
+    # offload, a 256-block pool and shared documents: requests that loaded their prefix from
+    # DRAM wait holding it while preempted requests are queued in front of them; once nothing
+    # ran, the head could not fit and the run stopped ("no progress"). They now give the
+    # blocks back to the cache, and every request finishes.
+    from tests.test_tiering import shared_documents
+
+    requests = shared_documents(n=60, docs=8, doc_tokens=2048, rate=20.0, seed=0, output=64)
+    config = make_config("engine.kv_pool_blocks=256", kv={"mode": "offload"})
+    engine = Engine(config, requests)
+    result = engine.run()
+    assert result.summary["preemptions"] > 0 and result.summary["dram_hit_rate"] > 0
+    assert result.requests.finish_s.notna().all()
+    engine.kv.check()

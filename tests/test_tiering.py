@@ -317,3 +317,72 @@ def test_offline_and_tree_policies_are_refused_by_the_engine():
         make_config(kv={"mode": "offload", "eviction": "opt"})
     with pytest.raises(ConfigError, match=r"kv.dram.eviction.*not available in the engine"):
         make_config(kv={"mode": "offload", "dram": {"eviction": "prefix_lru"}})
+
+
+TINY_MODEL = {
+    "name": "tiny", "layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 32,
+    "intermediate": 256, "vocab": 512, "dtype": "fp32",
+}  # fmt: skip
+TINY_BLOCK = 2 * 2 * 2 * 32 * 4 * 8  # layers x K,V x kv_heads x head_dim x 4 B x 8 tokens
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_offload_eviction_cascades_keep_block_ids_and_tiers_honest(seed):
+    # a 16-block HBM pool over an 8-block DRAM, no SSD, shared documents: making room in HBM
+    # copies victims down, which evicts DRAM copies of (a) other victims of the same batch and
+    # (b) blocks being loaded for a hit. (a) once freed a block id twice; (b) read the lost
+    # copy from an SSD of capacity 0. Now: each id is free at most once, no SSD byte moves.
+    workload = {
+        "kind": "documents", "num_requests": 16, "arrival": {"kind": "all_at_once"},
+        "num_documents": 6, "document_tokens": {"kind": "uniform", "min": 24, "max": 64},
+        "question_tokens": {"kind": "uniform", "min": 4, "max": 16},
+        "output_tokens": {"kind": "uniform", "min": 2, "max": 8},
+        "zipf_s": 0.5, "system_prompt_tokens": 8,
+    }  # fmt: skip
+    config = make_config(
+        f"seed={seed}", "hardware=cpu-host", "engine.max_num_seqs=2",
+        "engine.max_batched_tokens=64", "engine.block_tokens=8", "engine.kv_pool_blocks=16",
+        model=TINY_MODEL, workload=workload,
+        kv={"mode": "offload", "layerwise": False, "ssd_capacity": 0,
+            "dram_capacity": 8 * TINY_BLOCK},
+    )  # fmt: skip
+    requests = build_requests(config.workload, config.seed, block_tokens=8)
+    engine = Engine(config, requests)
+    result = engine.run()
+    free = engine.kv.table._free_ids
+    assert len(free) == len(set(free))
+    assert result.summary["ssd_read_bytes"] == 0 and result.summary["dram_hit_rate"] > 0
+    engine.kv.check()
+
+
+def _tier_with(policy: str, capacity: int = 4):
+    from policies.registry import make_eviction
+    from sim.blocks import BlockTable
+    from sim.tiers import Tier
+
+    table = BlockTable()
+    ids = [table.new(owner=0, position=i, heat=0.0) for i in range(capacity)]
+    return Tier(0, "hbm", capacity, 1.0, make_eviction(policy, capacity=capacity), table), ids
+
+
+def test_a_cached_block_reused_by_hits_keeps_its_history_in_the_policy():
+    # LFU: block a is hit three times (pinned by a request, then released), block b is
+    # cached once, later: a has 4 uses, b 1, so b goes first. Had each hit made the policy
+    # forget a and insert it anew, both would have one use and a, the older, would go.
+    tier, (a, b, *_) = _tier_with("lfu")
+    tier.add(a, 0.0, evictable=True)
+    for now in (1.0, 2.0, 3.0):
+        tier.pin(a)
+        tier.make_evictable(a, now)
+    tier.add(b, 4.0, evictable=True)
+    assert tier.evict(1) == [b]
+
+
+def test_a_held_block_is_never_a_victim_and_leaves_the_policy_when_removed():
+    tier, (a, b, c, _) = _tier_with("lru")
+    for now, block in enumerate((a, b, c)):
+        tier.add(block, float(now), evictable=True)
+    tier.pin(a)  # the LRU block, in use by a hit
+    assert tier.available == 1 + 2 and tier.evict(1) == [b]
+    tier.remove(a)
+    assert a not in tier.held and tier.evict(5) == [c]

@@ -14,6 +14,7 @@ import yaml
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import profile_dir, read_yaml, validate
 from sim.errors import KvsimError
+from sim.optables import read_tables
 from validation.fit import DECODE_MAX_TOKENS, Residual
 from validation.opsfit import (
     OpsFit,
@@ -24,7 +25,6 @@ from validation.opsfit import (
     usable_rows,
 )
 from validation.profile import render_profile, write_profile
-from validation.tables import read_tables
 
 BASE_PROFILES = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
 COMMIT = re.compile(r"commit\s+`?([0-9a-f]{40})`?")

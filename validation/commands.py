@@ -107,15 +107,14 @@ def validate_command(args: argparse.Namespace) -> int:
     from validation.calibrate import load_base
     from validation.devicecal import DEFAULT_BASE
     from validation.report import run_validation, write_report
+    from validation.scenario import MODES
 
     _check_device(args.device)
     modes = tuple(args.modes.split(","))
-    unknown = sorted(set(modes) - {"hbm", "dram_centric"})
+    unknown = sorted(set(modes) - set(MODES))
     if unknown:
-        raise KvsimError(
-            f"--modes: {unknown} not run by the mini-engine; expected hbm and/or dram_centric "
-            "(offload moves prefix-cached blocks, and the mini-engine has no prefix cache)"
-        )
+        expected = ", ".join(MODES)
+        raise KvsimError(f"--modes: unknown KV modes {unknown}; expected some of {expected}")
     if args.repeats < 1:
         raise KvsimError(f"--repeats {args.repeats}: expected at least 1")
     hw, _ = load_base(args.profile)
@@ -149,7 +148,7 @@ def add_validate_command(sub: argparse._SubParsersAction) -> None:
         "--repeats", type=int, default=3, help="timed runs per mode (per step: GPU median, CPU min)"
     )
     parser.add_argument(
-        "--modes", default="hbm,dram_centric", help="KV modes to run (comma-separated)"
+        "--modes", default="hbm,offload,dram_centric", help="KV modes to run (comma-separated)"
     )
     parser.add_argument(
         "--baseline",

@@ -22,6 +22,7 @@ from sim.errors import KvsimError
 from sim.workload.requests import Requests
 from validation.batching import Batcher, Step, check_engine
 from validation.kvpools import KvPools
+from validation.prefixpools import PrefixPools
 from validation.timing import clock
 from validation.torchmodel import (
     Weights,
@@ -35,7 +36,7 @@ from validation.torchmodel import (
     swiglu,
 )
 
-HOST_BLOCKS_FACTOR = 4  # host pool = this many times the blocks the workload could ever hold
+MAX_HOST_POOL_BYTES = 8 * 2**30  # an offload host pool (kv.dram_capacity) is allocated whole
 
 
 @dataclass
@@ -56,10 +57,56 @@ def synchronize(device: str) -> None:
 
 
 def host_blocks(config: RunConfig, requests: Requests) -> int:
-    """Host pool size: room for every request's whole sequence at once."""
+    """Host pool size: ``offload``: the DRAM tier's blocks; else every request's blocks at once."""
+    if config.kv.mode == "offload":
+        capacity = config.kv.dram_capacity
+        if capacity is None:
+            capacity = config.hardware.dram.capacity
+        if capacity > MAX_HOST_POOL_BYTES:
+            raise KvsimError(
+                f"kv.dram_capacity: the mini-engine allocates the offload host pool whole; "
+                f"{capacity / 2**30:.3g} GiB is more than {MAX_HOST_POOL_BYTES // 2**30} GiB "
+                "(set kv.dram_capacity)"
+            )
+        return int(capacity // config.tier_block_bytes("dram"))
     bt = config.engine.block_tokens
     total = -(-(requests.prompt_tokens + requests.output_tokens) // bt)
     return int(max(total.sum(), config.engine.kv_pool_blocks or 1) + 1)
+
+
+def prompt_tokens(config: RunConfig, requests: Requests) -> list[list[int]]:
+    """Each request's prompt tokens, seeded; a hashed block's tokens follow from its hash.
+
+    Prefix hashes chain, so requests sharing a block's hash share every token up to it: a
+    prefix hit then reuses KV of exactly the tokens the request has.
+    """
+    rng = np.random.default_rng(config.seed)
+    vocab, bt = config.model.vocab, config.engine.block_tokens
+    hashes = requests.prefix_hashes
+    out = []
+    for rid, p in enumerate(requests.prompt_tokens.tolist()):
+        tokens = rng.integers(0, vocab, p).tolist()
+        for j, h in enumerate(hashes[rid][: p // bt].tolist() if hashes is not None else []):
+            block = np.random.default_rng([config.seed, h]).integers(0, vocab, bt)
+            tokens[j * bt : (j + 1) * bt] = block.tolist()
+        out.append(tokens)
+    return out
+
+
+def make_pools(config: RunConfig, requests: Requests, device: str) -> KvPools:
+    """The pools of ``kv.mode``: with a prefix cache when prefix caching has hashes to use."""
+    args = (config.model, config.engine.block_tokens)
+    pools = (config.engine.kv_pool_blocks or 0, host_blocks(config, requests))
+    prefix = config.kv.prefix_caching and requests.prefix_hashes is not None
+    if prefix and config.kv.mode in ("hbm", "offload"):
+        hashes = requests.prefix_hashes
+        assert hashes is not None
+        if requests.output_hashes is not None:  # blocks filled while generating count too
+            hashes = [np.concatenate(pair) for pair in zip(hashes, requests.output_hashes,
+                                                            strict=True)]  # fmt: skip
+        prompt = requests.prompt_tokens.astype(int).tolist()
+        return PrefixPools(*args, pools, config.kv.mode, (hashes, prompt), device)
+    return KvPools(*args, *pools, config.kv.mode, device)
 
 
 class MiniEngine:
@@ -76,14 +123,8 @@ class MiniEngine:
         self.weights = weights or random_weights(config.model, config.seed, device)
         self.requests = requests
         self.record_logits = record_logits
-        rng = np.random.default_rng(config.seed)
-        self.sequences = [
-            rng.integers(0, self.model.vocab, int(p)).tolist() for p in requests.prompt_tokens
-        ]
-        self.kv = KvPools(
-            self.model, config.engine.block_tokens, config.engine.kv_pool_blocks,
-            host_blocks(config, requests), config.kv.mode, device,
-        )  # fmt: skip
+        self.sequences = prompt_tokens(config, requests)
+        self.kv = make_pools(config, requests, device)
         prompt = requests.prompt_tokens.astype(int).tolist()
         self.batcher = Batcher(config, prompt, requests.output_tokens.astype(int).tolist(), self.kv)
         self.logits: dict[int, list[torch.Tensor]] = {}
@@ -126,6 +167,7 @@ class MiniEngine:
         b, kv, rows = self.batcher, self.kv, []
         now_s = clock(self.device)  # CPU: this thread's CPU time (validation.timing)
         arrived, start, wall_start = 0, now_s(), time.perf_counter()
+        h2d, d2h = 0, 0  # bytes moved before this row: a load-only pass has no row of its own
         with torch.inference_mode():
             while arrived < len(arrival) or b.has_work:
                 now = time.perf_counter() - wall_start  # arrivals follow the wall clock
@@ -136,13 +178,20 @@ class MiniEngine:
                     time.sleep(max(arrival[arrived] - now, 0.0))
                     continue
                 t0 = now_s()
-                h2d, d2h = kv.h2d_bytes, kv.d2h_bytes
                 step = b.schedule()
-                if not step.ids:  # only preemptions: the simulator records no step either
+                if not step.ids:  # only preemptions or loads: the simulator records no step
+                    stuck = not (step.preempted or b.running or b.loading)
+                    if stuck and arrived == len(arrival):
+                        raise KvsimError(
+                            f"the mini-engine made no progress: requests {list(b.waiting)[:8]} "
+                            f"wait for {kv.capacity - kv.available} blocks that waiting "
+                            "requests hold (the simulator stops with the same error)"
+                        )
                     continue
                 self.forward(step)
                 b.complete(step)
                 rows.append(self._row(step, t0 - start, now_s() - t0, h2d, d2h))
+                h2d, d2h = kv.h2d_bytes, kv.d2h_bytes
         total = now_s() - start
         tokens = {rid: seq[len(seq) - int(self.requests.output_tokens[rid]) :]
                   for rid, seq in enumerate(self.sequences) if rid in b.finished}  # fmt: skip

@@ -8,8 +8,9 @@ Modes (``kv.mode``, as the simulator names them, ``sim/kvcache.py``):
   read that are not cached are copied in (one gathered copy of whole blocks, all layers);
   after it, the KV of the step's new tokens is written through to the host (one gathered
   copy of those token slots).
-- ``offload`` is refused: what it moves to DRAM are prefix-cached blocks, and the
-  mini-engine has no prefix cache.
+- ``offload`` moves prefix-cached blocks: :class:`validation.prefixpools.PrefixPools`
+  (a subclass) runs it, and ``hbm`` with a prefix cache; without prefix caching, ``offload``
+  moves nothing and runs as ``hbm``.
 
 On a GPU the host pool is pinned and copies run on a side stream; on the CPU both pools
 are host memory and a copy is a memcpy between them.
@@ -26,7 +27,7 @@ from sim.config.model import ModelSpec
 from sim.errors import KvsimError
 from validation.torchmodel import TORCH_DTYPES
 
-MODES = ("hbm", "dram_centric")
+MODES = ("hbm", "offload", "dram_centric")
 
 
 class KvPools:
@@ -35,10 +36,7 @@ class KvPools:
     def __init__(self, model: ModelSpec, block_tokens: int, device_blocks: int, host_blocks: int,
                  mode: str, device: str = "cpu"):  # fmt: skip
         if mode not in MODES:
-            raise KvsimError(
-                f"kv.mode {mode!r}: the mini-engine runs {' and '.join(MODES)} only (offload "
-                "moves prefix-cached blocks, and the mini-engine has no prefix cache)"
-            )
+            raise KvsimError(f"kv.mode {mode!r}: expected one of {', '.join(MODES)}")
         shape = (model.layers, 2, device_blocks, block_tokens, model.kv_heads, model.head_dim)
         dtype = TORCH_DTYPES[model.dtype]
         self.mode, self.block_tokens = mode, block_tokens
@@ -80,6 +78,26 @@ class KvPools:
         table = self.tables.setdefault(rid, [])
         for _ in range(self.need(rid, tokens)):
             table.append(self.free.pop())
+
+    # --- prefix hits: none without a prefix cache (PrefixPools has one) -----------------------
+
+    def match(self, rid: int) -> list[tuple[int, int]]:
+        """Cached prefix blocks of ``rid``: none here."""
+        return []
+
+    def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
+        """Home-tier blocks admitting ``rid`` with ``tokens`` computed takes."""
+        return self.need(rid, tokens)
+
+    def take(self, rid: int, hits: list[tuple[int, int]]) -> int:
+        """Reference the hit blocks; returns how many must be loaded first (none here)."""
+        return 0
+
+    def loaded(self, rid: int) -> None:
+        """``rid``'s load finished: nothing was loading here."""
+
+    def register(self, rid: int, computed: int) -> None:
+        """Make ``rid``'s completed blocks findable: nothing to do without a prefix cache."""
 
     def release(self, rid: int) -> None:
         """Free ``rid``'s blocks (and their device copies)."""

@@ -16,6 +16,7 @@ import pandas as pd
 from sim.config.hardware import Efficiency, HardwareSpec
 from sim.costmodel import CostParams, KernelParams, gemm_seconds, kernel_seconds
 from sim.errors import KvsimError
+from sim.optables import KERNEL_KINDS
 from validation.fit import (
     DECODE_MAX_TOKENS,
     MIN_POINTS,
@@ -25,7 +26,6 @@ from validation.fit import (
     fit_gemm,
     fit_kernel,
 )
-from validation.tables import KERNEL_KINDS
 
 REGIMES = ("decode", "prefill")
 ROW_BANDWIDTH_NONE = 1e13  # a fitted per-row bandwidth above this (10 TB/s) has no visible effect
@@ -61,7 +61,7 @@ def fit_ops(table: pd.DataFrame, peaks: tuple[float, float, float]) -> OpsFit:
     """Fit the GEMM model and one kernel model per kind present in ``table``.
 
     Args:
-        table: long-format rows (``validation.tables``), one tensor-parallel degree.
+        table: long-format rows (``sim.optables``), one tensor-parallel degree.
         peaks: (peak FLOP/s, peak memory bytes/s, bytes per element) of the device.
     """
     gemms = table[table.kind == "gemm"]

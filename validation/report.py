@@ -24,7 +24,7 @@ import torch
 
 from sim.config.hardware import HardwareSpec
 from sim.config.run import RunConfig
-from sim.costmodel import CostModel, CostParams
+from sim.costmodel import cost_model_for
 from sim.engine import simulate
 from sim.errors import KvsimError
 from sim.workload import build_requests
@@ -50,7 +50,7 @@ def measured_steps(runs: list[EngineRun], how: str = "median") -> pd.DataFrame:
 
 def replay(config: RunConfig, hw: HardwareSpec, steps: pd.DataFrame) -> np.ndarray:
     """The simulator's cost and link models pricing each measured step (no scheduling)."""
-    cost = CostModel(config.model, CostParams.from_hardware(hw), config.kv_dtype_bytes)
+    cost = cost_model_for(config.model_copy(update={"hardware": hw}))  # roofline or table
     link = hw.link
     out = []
     for row in steps.itertuples():

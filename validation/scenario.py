@@ -29,7 +29,7 @@ MINI_CUDA: dict[str, Any] = {
 }  # fmt: skip
 ENGINE = {"max_num_seqs": 8, "max_batched_tokens": 256, "block_tokens": 16}
 ENGINE_CUDA = {"max_num_seqs": 32, "max_batched_tokens": 2048, "block_tokens": 16}
-MODES = ("hbm", "dram_centric")
+MODES = ("hbm", "offload", "dram_centric")
 SEEDS = {"calibrate": 101, "validate": 202}
 
 
@@ -49,6 +49,7 @@ def workload(purpose: str, device: str, quick: bool) -> dict[str, Any]:
         "arrival": {"kind": "all_at_once"},
         "prompt_tokens": {"kind": "uniform", "min": prompt[0], "max": prompt[1]},
         "output_tokens": {"kind": "uniform", "min": 8, "max": 32 if purpose == "validate" else 24},
+        "shared_prefix_tokens": prompt[0],  # a shared system prompt: offload's prefix hits
     }
 
 
@@ -57,18 +58,25 @@ def scenario_config(
 ) -> RunConfig:
     """The run config both the mini-engine and the simulator run."""
     engine = dict(ENGINE_CUDA if device.startswith("cuda") else ENGINE)
-    # hbm: a pool small enough that preemption can happen; dram_centric: the device cache
-    # holds every block, so the only traffic is the write-through of new KV
-    engine["kv_pool_blocks"] = 64 if mode == "hbm" else 4096
+    # hbm and offload: a pool small enough that preemption can happen; dram_centric: the
+    # device cache holds every block, so the only traffic is the write-through of new KV
+    engine["kv_pool_blocks"] = 4096 if mode == "dram_centric" else 64
+    kv: dict[str, Any] = {"mode": mode, "prefix_caching": False, "layerwise": False}
+    if mode == "offload":  # a prefix cache written through to a host pool of 4x the device's
+        kv |= {"prefix_caching": True, "ssd_capacity": 0}
     data = {
         "seed": SEEDS[purpose],
         "model": mini_model(device),
         "hardware": hardware.model_dump(mode="json"),
         "workload": workload(purpose, device, quick),
         "engine": engine,
-        "kv": {"mode": mode, "prefix_caching": False, "layerwise": False},
+        "kv": kv,
     }
-    return build_config(data, f"<{purpose} scenario>")
+    config = build_config(data, f"<{purpose} scenario>")
+    if mode == "offload":
+        host = 4 * engine["kv_pool_blocks"] * config.tier_block_bytes("dram")
+        config = build_config(data | {"kv": kv | {"dram_capacity": host}}, f"<{purpose} scenario>")
+    return config
 
 
 def pin_threads(device: str) -> None:

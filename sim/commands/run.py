@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from sim.config.loader import load_config
-from sim.engine import simulate
+from sim.engine import RunResult, simulate
 from sim.errors import ConfigError
-from sim.rundir import write_run
+from sim.rundir import check_writable, write_run
 from sim.units import format_bytes
 
 SUMMARY_ROWS = (
@@ -47,15 +47,42 @@ def format_summary(summary: dict) -> str:
     return "\n".join(f"{label:<{width}}  {_cell(summary, k, f)}" for label, k, f in SUMMARY_ROWS)
 
 
+def check_schedulable(result: RunResult, source: str) -> None:
+    """Refuse a run in which no request could ever be scheduled (every one rejected)."""
+    summary = result.summary
+    if summary["requests_finished"] or not summary["requests_rejected"]:
+        return
+    reasons = ", ".join(f"{why}: {n}" for why, n in summary["rejected_reasons"].items())
+    requests, engine = result.requests, result.config.engine
+    shortest = int((requests.prompt_tokens + requests.output_tokens).min())
+    limits = [
+        f"max_batched_tokens {engine.max_batched_tokens} with chunked_prefill "
+        f"{str(engine.chunked_prefill).lower()}",
+        f"a KV pool of {result.plan.pool_blocks} blocks of {engine.block_tokens} tokens",
+    ]
+    if engine.max_model_len:
+        limits.append(f"max_model_len {engine.max_model_len}")
+    raise ConfigError(
+        f"no request can ever be scheduled: all {summary['requests_rejected']} were rejected "
+        f"({reasons}); the shortest needs {shortest} tokens; expected engine limits that fit "
+        f"it, got {', '.join(limits)}",
+        source=source,
+        key="engine",
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """Load, simulate, print the summary, write the run directory."""
-    config = load_config(args.config, args.set)
+    """Load, check the output folder, simulate, print the summary, write the run directory."""
+    overrides = [*args.set, *([f"engine.check={args.check}"] if args.check is not None else [])]
+    config = load_config(args.config, overrides)
+    out = check_writable(args.out or Path("runs") / Path(args.config).stem)
     try:
         result = simulate(config, base_dir=Path(args.config).parent)
+        check_schedulable(result, str(args.config))
     except ConfigError as error:
         raise error.at(str(args.config)) from None
     print(format_summary(result.summary))
-    out = write_run(result, args.out or Path("runs") / Path(args.config).stem)
+    write_run(result, out)
     print(f"wrote {out}/")
     return 0
 
@@ -72,4 +99,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set engine.max_num_seqs=64 (repeatable)",
     )
+    parser.add_argument(
+        "--check", action=argparse.BooleanOptionalAction, default=None,
+        help="verify invariants after every step (engine.check; default: the config's)",
+    )  # fmt: skip
     parser.set_defaults(func=run_command)

@@ -7,6 +7,7 @@ import types
 import typing
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from sim.errors import ConfigError
@@ -79,8 +80,18 @@ def _describe(root: type[BaseModel], error: dict[str, Any]) -> str:
     if error["type"] == "missing":
         return f"key '{key}': required key is missing"
     message = error["msg"].removeprefix("Value error, ")
-    shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
-    return f"key '{key}': {message} (got {shown})" if key else f"{message} (got {shown})"
+    if key and "got " not in message:  # NOTE: unit and policy messages already show the value
+        message = f"{message} (got {_shown(value)})"
+    return f"key '{key}': {message}" if key else message
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value as the user wrote it: scalars by repr, mappings and lists in YAML flow style."""
+    if isinstance(value, dict | list):
+        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def config_error(root: type[BaseModel], error: ValidationError, source: str) -> ConfigError:

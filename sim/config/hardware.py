@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from sim.config.base import Bandwidth, Bytes, FlopRate, PositiveBytes, Seconds, Strict
 
@@ -101,7 +101,11 @@ class Efficiency(Strict):
 
 
 class HardwareSpec(Strict):
-    """A hardware profile (``hardware_profiles/NAME.yaml``)."""
+    """A hardware profile (``hardware_profiles/NAME.yaml``).
+
+    ``cost_model``: ``roofline`` (the efficiency section's equations) or ``table``
+    (interpolation in the measured operator times of ``cost_table``, ``sim/costtable.py``).
+    """
 
     name: str
     description: str = ""
@@ -111,3 +115,35 @@ class HardwareSpec(Strict):
     link: Link
     ssd: Ssd = Ssd()
     efficiency: Efficiency = Efficiency()
+    cost_table: str | None = Field(
+        None,
+        min_length=1,
+        description="measured operator times for `cost_model: table`: a long-format CSV/parquet "
+        "from `kvsim calibrate --device`, or a folder of Vidur `mlp.csv` tables (absolute, "
+        "else under the working directory, else under `$KVSIM_CALIBRATION`)",
+    )
+    cost_model: Literal["roofline", "table"] = Field(
+        "roofline",
+        description="`roofline`: the efficiency section's equations; `table`: interpolate "
+        "`cost_table`'s measured operator times (docs/cost-model.md)",
+    )
+
+    @field_validator("cost_table")
+    @classmethod
+    def _table_exists(cls, path: str | None) -> str | None:
+        if path is not None:
+            from sim.optables import resolve_table_path  # pandas: only when a table is named
+
+            resolve_table_path(path)
+        return path
+
+    @field_validator("cost_model")
+    @classmethod
+    def _table_for_table_model(cls, kind: str, info: ValidationInfo) -> str:
+        if kind == "table" and info.data.get("cost_table") is None and "cost_table" in info.data:
+            raise ValueError(
+                "cost_model: table needs cost_table: the measured operator times to "
+                "interpolate (a long-format CSV/parquet from 'kvsim calibrate --device', or a "
+                "folder of Vidur mlp.csv tables)"
+            )
+        return kind

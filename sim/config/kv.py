@@ -10,7 +10,6 @@ from sim.config.base import Bytes, Strict
 from sim.config.model import Dtype
 
 KV_MODES = ("hbm", "offload", "dram_centric")
-PREFETCHERS = ("none",)
 LOOKAHEAD_REQUESTS = 8  # waiting requests whose prefix blocks scheduler-aware eviction spares
 ENGINE_REFUSED = {
     "prefix_lru": "its prefix tree needs stable keys (use it in 'kvsim replay'); in the engine, "
@@ -33,6 +32,7 @@ class SparseAccess(Strict):
     topk_blocks: int | None = Field(64, ge=0)
     topk_fraction: float | None = Field(None, ge=0, le=1)
     drift: float = Field(0.05, ge=0, le=1)
+    drift_kind: Literal["redraw", "walk"] = "redraw"
 
     @model_validator(mode="after")
     def _one_topk(self) -> SparseAccess:
@@ -71,6 +71,26 @@ def _check_policy(spec: Any) -> Any:
 
 PolicySpec = Annotated[str | dict[str, Any], BeforeValidator(_check_policy)]
 
+LAYERWISE = (
+    "layer-wise overlap is 'kv.layerwise: true' (the default), and it applies with every prefetcher"
+)
+PREFETCH_REFUSED = {"layerwise": LAYERWISE, "layer_wise": LAYERWISE}
+
+
+def _check_prefetch(spec: Any) -> Any:
+    """A valid prefetch policy spec: a name, ``{name: ..., param: value}`` or a dotted path."""
+    from policies.base import PrefetchPolicy
+    from policies.registry import check_spec, split_spec
+
+    name, _ = split_spec(spec)
+    if name in PREFETCH_REFUSED:
+        raise ValueError(f"{name!r} is not a prefetch policy: {PREFETCH_REFUSED[name]}")
+    check_spec(spec, PrefetchPolicy)
+    return spec
+
+
+PrefetchSpec = Annotated[str | dict[str, Any], BeforeValidator(_check_prefetch)]
+
 
 class TierPolicy(Strict):
     """Per-tier overrides (``kv.hbm.eviction``)."""
@@ -93,7 +113,7 @@ class KvConfig(Strict):
     ssd_dtype: Dtype | None = None
     prefix_caching: bool = True
     eviction: PolicySpec = "lru"
-    prefetch: str = "none"
+    prefetch: PrefetchSpec = "none"
     hbm: TierPolicy = TierPolicy()
     dram: TierPolicy = TierPolicy()
     ssd: TierPolicy = TierPolicy()
@@ -107,21 +127,31 @@ class KvConfig(Strict):
             )
         return mode
 
-    @field_validator("prefetch")
-    @classmethod
-    def _known_prefetch(cls, name: str) -> str:
-        if name not in PREFETCHERS:
-            raise ValueError(
-                f"unknown prefetch policy {name!r}; the prefetchers that exist: "
-                f"{', '.join(PREFETCHERS)} (on demand: blocks are fetched when a step needs them)"
-            )
-        return name
-
     @model_validator(mode="after")
     def _direct_read_needs_dram_centric(self) -> KvConfig:
         if self.direct_read and self.mode != "dram_centric":
             raise ValueError("direct_read: true needs mode: dram_centric")
         return self
+
+    @model_validator(mode="after")
+    def _prefetch_has_a_lower_tier(self) -> KvConfig:
+        name = self.prefetch_name
+        if name == "queue_lookahead" and self.mode == "hbm":
+            raise ValueError(
+                "prefetch queue_lookahead needs mode offload or dram_centric: in hbm mode no "
+                "prefix block lives below HBM, so there is nothing to bring up"
+            )
+        if name == "heat" and self.mode != "dram_centric":
+            raise ValueError(
+                "prefetch heat needs mode dram_centric: it stages the blocks the next decode "
+                "step reads, which only dram_centric keeps outside HBM"
+            )
+        return self
+
+    @property
+    def prefetch_name(self) -> str:
+        """The prefetch policy's name (``none`` = on demand)."""
+        return self.prefetch if isinstance(self.prefetch, str) else self.prefetch["name"]
 
     def eviction_for(self, tier: str) -> str | dict[str, Any]:
         """The eviction policy of a tier (its own, else ``kv.eviction``)."""

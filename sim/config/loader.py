@@ -31,13 +31,45 @@ def read_yaml(path: str | Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror}", source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"expected YAML text (UTF-8), got byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}",
+            source=str(path),
+        ) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # NOTE: a SafeLoader
+    except DuplicateKeyError as exc:
+        raise ConfigError(str(exc), source=f"{path}:{exc.line}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"invalid YAML: {problem}", source=where) from None
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice (YAML would silently keep the last)."""
+
+    def __init__(self, key: object, line: int, first: int):
+        super().__init__(
+            f"duplicate key {key!r} (first given on line {first}); expected each key once"
+        )
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a mapping with a repeated key."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def profile_dir(section: str) -> Path:
@@ -119,14 +151,30 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 def build_config(data: Any, source: str = "<config>", overrides: Iterable[str] = ()) -> RunConfig:
     """Validate a raw mapping (plus ``--set`` overrides) into a :class:`RunConfig`."""
     if not isinstance(data, dict):
-        raise ConfigError("a run config must be a YAML mapping", source=source)
+        raise ConfigError(f"{EXPECTED_MAPPING}, got {_kind_of(data)}", source=source)
     data = copy.deepcopy(data)
-    for text in overrides:
-        apply_override(data, *parse_override(text))
-    for section in PROFILE_PACKAGES:
-        if section in data:
-            data[section] = resolve_profile(section, data[section])
+    parsed = [parse_override(text) for text in overrides]
+    try:
+        for path, value in parsed:
+            apply_override(data, path, value)
+        for section in PROFILE_PACKAGES:
+            if section in data:
+                data[section] = resolve_profile(section, data[section])
+    except ConfigError as error:
+        raise error.at(source) from None
     return validate(RunConfig, data, source)
+
+
+EXPECTED_MAPPING = (
+    "expected a run config: a YAML mapping of seed, model, hardware, workload, engine, kv"
+)
+
+
+def _kind_of(data: Any) -> str:
+    """What a YAML document holds, for messages: 'an empty file', 'a list', ..."""
+    if data is None:
+        return "an empty file"
+    return {list: "a list", str: "a string"}.get(type(data), f"a {type(data).__name__}")
 
 
 def validate(schema: type[BaseModel], data: Any, source: str) -> Any:

@@ -25,6 +25,9 @@ class EngineConfig(Strict):
     max_model_len: int | None = Field(None, gt=0)
     kv_pool_blocks: int | None = Field(None, gt=0)
     layer_events: bool = False
+    kv_heat: bool = False  # write kv_heat.parquet: per step, the blocks attention read
+    kv_heat_interval_s: float = Field(0.0, ge=0)  # record a step at most this often (0 = all)
+    check: bool = False  # verify invariants after every step (sim/invariants.py)
 
 
 class RunConfig(Strict):
@@ -44,6 +47,14 @@ class RunConfig(Strict):
                 f"kv.direct_read needs a coherent host link (hardware.link.coherent: true, as "
                 f"NVLink-C2C on gh200); {self.hardware.name!r} has {self.hardware.link.kind}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _cost_table_covers_the_model(self) -> RunConfig:
+        if self.hardware.cost_model == "table":  # refused here, not at the first step
+            from sim.costtable import operator_table
+
+            operator_table(self.model, self.hardware)
         return self
 
     @property

@@ -281,6 +281,7 @@ class TraceSource(Strict):
     filter: dict[str, FilterValue | list[FilterValue]] | None = None
     sample: Sample | None = None
     on_bad_rows: Literal["error", "skip"] = "error"
+    on_unsorted: Literal["error", "sort"] = "error"
 
     @model_validator(mode="after")
     def _consistent(self) -> TraceSource:

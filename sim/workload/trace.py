@@ -80,12 +80,29 @@ def _filter_mask(table: TraceTable, source: TraceSource, key: str) -> np.ndarray
     return keep
 
 
+def _check_sorted(table: TraceTable, rows: np.ndarray, key: str) -> None:
+    """Refuse a trace whose timestamps go back in time, naming the first such line."""
+    t = table.arrival_s[rows]
+    back = np.flatnonzero(t[1:] < t[:-1])
+    if len(back) == 0:
+        return
+    i, j = int(rows[back[0] + 1]), int(rows[back[0]])
+    raise KvsimError(
+        f"{table.path}:{int(table.line[i])}: arrival {table.arrival_s[i]:g} s is earlier than "
+        f"line {int(table.line[j])}'s {table.arrival_s[j]:g} s; expected timestamps in "
+        f"non-decreasing order ({len(back)} rows go back in time); set "
+        f"{key}.on_unsorted: sort to sort the rows by time (stable: ties keep file order)"
+    )
+
+
 def select_rows(
     table: TraceTable, source: TraceSource, seed: int, key: str = "workload"
 ) -> Selection:
     """Apply a source's selection and time options (module docstring) to a read table."""
     jitter_rng, sample_rng = spawn_generators(seed, 2, SELECTION_STREAM)
     keep = _filter_mask(table, source, key)
+    if source.on_unsorted == "error":
+        _check_sorted(table, np.flatnonzero(keep), key)
     filtered = len(table) - int(keep.sum())
     start = 0.0
     outside = 0

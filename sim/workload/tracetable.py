@@ -123,6 +123,8 @@ def _is_missing(value: object) -> bool:
 
 
 def _shorten(value: object, limit: int = 80) -> str:
+    if isinstance(value, np.generic):
+        value = value.item()  # NOTE: -5, not np.int64(-5)
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -1,4 +1,7 @@
-"""The cost model's calibrated terms against hand-computed figures; defaults stay the roofline."""
+"""The cost model's calibrated terms against hand-computed figures; defaults stay the roofline.
+
+``cost_params`` and ``tiny_model`` come from ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.config import ModelSpec, load_hardware, load_model
+from sim.config import load_hardware, load_model
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import load_profile, validate
 from sim.costmodel import CostModel, CostParams, KernelParams, KernelSet, kernel_seconds
 from sim.errors import ConfigError
 
-BASE = CostParams(
-    peak_flops=1000e12,
-    hbm_bandwidth=2e12,
-    gemm_efficiency=0.5,
-    attention_efficiency=0.25,
-    hbm_efficiency=0.5,
-    step_overhead_s=1e-3,
-    layer_overhead_s=1e-5,
-)
-TINY = ModelSpec(
-    name="tiny",
-    layers=2,
-    hidden=1024,
-    heads=8,
-    kv_heads=2,
-    head_dim=128,
-    intermediate=4096,
-    vocab=32000,
-    dtype="bf16",
-)
 LATENCY_ONLY = KernelSet(  # no per-row term, streaming at half of 2 TB/s, hard max
     norm=KernelParams(1e-6, 0.5),
     rope=KernelParams(2e-6, 0.5),
@@ -44,37 +27,37 @@ LATENCY_ONLY = KernelSet(  # no per-row term, streaming at half of 2 TB/s, hard 
 )
 
 
-def test_gemm_with_latency_and_linear_blend_is_a_sum():
+def test_gemm_with_latency_and_linear_blend_is_a_sum(cost_params, tiny_model):
     params = dataclasses.replace(
-        BASE, gemm_memory_efficiency=0.25, gemm_latency_s=2e-6, gemm_blend=1.0
+        cost_params, gemm_memory_efficiency=0.25, gemm_latency_s=2e-6, gemm_blend=1.0
     )
     compute = 2 * 4096 * 1024 * 4096 / 500e12  # 500 TFLOP/s achieved
     memory = (1024 * 4096 + 4096 * (1024 + 4096)) * 2 / 0.5e12  # 0.25 x 2 TB/s
-    assert CostModel(TINY, params).gemm_time(4096, 1024, 4096) == pytest.approx(
+    assert CostModel(tiny_model, params).gemm_time(4096, 1024, 4096) == pytest.approx(
         2e-6 + compute + memory
     )
 
 
-def test_gemm_blend_two_is_the_euclidean_norm():
-    params = dataclasses.replace(BASE, gemm_blend=2.0)
+def test_gemm_blend_two_is_the_euclidean_norm(cost_params, tiny_model):
+    params = dataclasses.replace(cost_params, gemm_blend=2.0)
     compute = 2 * 256 * 1024 * 4096 / 500e12
     memory = (1024 * 4096 + 256 * 5120) * 2 / 1e12  # hbm efficiency 0.5 when gemm_memory unset
     expected = (compute**2 + memory**2) ** 0.5
-    assert CostModel(TINY, params).gemm_time(256, 1024, 4096) == pytest.approx(expected)
+    assert CostModel(tiny_model, params).gemm_time(256, 1024, 4096) == pytest.approx(expected)
 
 
-def test_kernel_floor_then_streaming():
+def test_kernel_floor_then_streaming(cost_params):
     kernel = KernelParams(latency_s=4e-6, memory_efficiency=0.5, row_bandwidth=20e9)
     # one row of 32 KiB: floor 4 us + 32768 B / 20 GB/s = 5.6384 us beats streaming 32.8 ns
-    assert kernel_seconds(BASE, kernel, 1, 32768) == pytest.approx(5.6384e-6)
+    assert kernel_seconds(cost_params, kernel, 1, 32768) == pytest.approx(5.6384e-6)
     # 100k rows stream at 1 TB/s: 3.2768 ms
-    assert kernel_seconds(BASE, kernel, 100_000, 32768) == pytest.approx(3.2768e-3)
-    assert kernel_seconds(BASE, None, 100, 32768) == 0.0
-    assert kernel_seconds(BASE, kernel, 0, 32768) == 0.0
+    assert kernel_seconds(cost_params, kernel, 100_000, 32768) == pytest.approx(3.2768e-3)
+    assert kernel_seconds(cost_params, None, 100, 32768) == 0.0
+    assert kernel_seconds(cost_params, kernel, 0, 32768) == 0.0
 
 
-def test_elementwise_time_by_hand():
-    cost = CostModel(TINY, dataclasses.replace(BASE, kernels=LATENCY_ONLY))
+def test_elementwise_time_by_hand(cost_params, tiny_model):
+    cost = CostModel(tiny_model, dataclasses.replace(cost_params, kernels=LATENCY_ONLY))
     # one token: latencies only: 2 layers x (2 norms x 1 + rope 2 + act 3 + add 4) + embedding 5
     assert cost.elementwise_time(1) == pytest.approx(27e-6)
     # a million tokens stream: bytes per token per layer = norms 2 x 4096 + rope 2x(8+2)x128x2
@@ -82,10 +65,10 @@ def test_elementwise_time_by_hand():
     assert cost.elementwise_time(10**6) == pytest.approx(10**6 * 92160 / 1e12)
 
 
-def test_elementwise_kernels_are_part_of_the_linear_time():
+def test_elementwise_kernels_are_part_of_the_linear_time(cost_params, tiny_model):
     plain, calibrated = (
-        CostModel(TINY, BASE),
-        CostModel(TINY, dataclasses.replace(BASE, kernels=LATENCY_ONLY)),
+        CostModel(tiny_model, cost_params),
+        CostModel(tiny_model, dataclasses.replace(cost_params, kernels=LATENCY_ONLY)),
     )
     for tokens in (1, 300, 5000):
         gap = calibrated.linear_time(tokens, 1) - plain.linear_time(tokens, 1)
@@ -93,20 +76,20 @@ def test_elementwise_kernels_are_part_of_the_linear_time():
     assert plain.elementwise_time(100) == 0.0
 
 
-def test_moe_activation_runs_over_top_k_rows_of_expert_width():
+def test_moe_activation_runs_over_top_k_rows_of_expert_width(cost_params):
     model = load_model("mixtral-8x7b")
     only_act = KernelSet(activation=KernelParams(3e-6, 0.5, row_bandwidth=10e9, blend=2.0))
-    cost = CostModel(model, dataclasses.replace(BASE, kernels=only_act))
+    cost = CostModel(model, dataclasses.replace(cost_params, kernels=only_act))
     row = 3 * 14336 * 2  # SwiGLU reads gate and up, writes the product (bf16)
     expected = 32 * kernel_seconds(cost.params, only_act.activation, 2 * 100, row)
     assert cost.elementwise_time(100) == pytest.approx(expected)
 
 
-def test_profile_without_calibrated_keys_keeps_the_plain_roofline():
+def test_profile_without_calibrated_keys_keeps_the_plain_roofline(tiny_model):
     params = CostParams.from_hardware(load_hardware("cpu-host"))
     assert params.kernels is None and params.gemm_latency_s == 0.0
     assert params.gemm_bandwidth == params.memory_bandwidth
-    cost = CostModel(TINY, params)
+    cost = CostModel(tiny_model, params)
     flops, traffic = 2 * 64 * 1024 * 4096, (1024 * 4096 + 64 * 5120) * 2
     expected = max(flops / params.gemm_flops, traffic / params.memory_bandwidth)
     assert cost.gemm_time(64, 1024, 4096) == expected  # bit for bit

@@ -10,8 +10,8 @@ from sim.config import load_hardware
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import read_yaml, validate
 from sim.costmodel import CostParams, gemm_seconds
+from sim.optables import read_tables
 from validation.opsfit import fit_ops, leave_one_model_out, peaks_of, usable_rows
-from validation.tables import read_tables
 
 BUNDLED = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
 MAX_MEDIAN_APE = 0.10  # issue 11: fail if the held-out median error exceeds 10%

@@ -12,6 +12,7 @@ from sim.cli import main  # noqa: E402
 from sim.config.hardware import HardwareSpec  # noqa: E402
 from sim.config.loader import read_yaml, validate  # noqa: E402
 from sim.config.model import ModelSpec  # noqa: E402
+from sim.optables import LONG_COLUMNS  # noqa: E402
 from validation.microbench import (  # noqa: E402  # noqa: E402
     Bench,
     Plan,
@@ -21,7 +22,6 @@ from validation.microbench import (  # noqa: E402  # noqa: E402
     bench_gemms,
     bench_kernels,
 )
-from validation.tables import LONG_COLUMNS  # noqa: E402
 
 TINY = ModelSpec(name="tiny", layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
                  intermediate=128, vocab=256, dtype="fp32")  # fmt: skip
@@ -93,9 +93,9 @@ def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
                 "--out",
                 "r",
                 "--modes",
-                "offload",
+                "hbm,swap",
             ],
-            "offload moves prefix-cached blocks",
+            "unknown KV modes ['swap']",
         ),
         (["validate", "--device", "cpu", "--profile", "nope", "--out", "r"], "neither a YAML file"),
     ],

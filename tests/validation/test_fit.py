@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from sim.costmodel import CostParams, KernelParams, gemm_seconds, kernel_seconds
+from sim.costmodel import KernelParams, gemm_seconds, kernel_seconds
 from sim.errors import KvsimError
 from validation.fit import (
     fit_affine,
@@ -62,16 +63,13 @@ def test_kernel_fit_recovers_known_parameters_within_2_percent():
     assert got == pytest.approx(list(true), rel=0.02)
 
 
-def test_fit_equations_are_the_simulators():
+def test_fit_equations_are_the_simulators(cost_params):
     x_gemm, x_kernel = np.array([5.0, 0.7, 0.9, 1.6]), np.array([4.0, 0.4, 20.0, 3.0])
-    params = CostParams(
+    params = dataclasses.replace(
+        cost_params,
         peak_flops=PEAKS[0],
         hbm_bandwidth=PEAKS[1],
         gemm_efficiency=0.7,
-        attention_efficiency=0.5,
-        hbm_efficiency=0.85,
-        step_overhead_s=0.0,
-        layer_overhead_s=0.0,
         gemm_memory_efficiency=0.9,
         gemm_latency_s=5e-6,
         gemm_blend=1.6,

@@ -1,7 +1,8 @@
-"""KV pools: block accounting, and dram_centric copies that move the right bytes and values."""
+"""KV pools: block accounting, and dram_centric and offload copies of the right bytes and values."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -9,6 +10,7 @@ torch = pytest.importorskip("torch")
 from sim.config.model import ModelSpec  # noqa: E402
 from sim.errors import KvsimError  # noqa: E402
 from validation.kvpools import KvPools  # noqa: E402
+from validation.prefixpools import PrefixPools  # noqa: E402
 
 pytestmark = pytest.mark.torch
 TINY = ModelSpec(name="tiny", layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
@@ -61,3 +63,43 @@ def test_a_step_larger_than_the_device_pool_is_refused():
     pools.allocate(0, 24)
     with pytest.raises(KvsimError, match="more blocks than the device pool holds"):
         pools.device_tables([0], [0])
+
+
+def prefix_pools(device_blocks: int, host_blocks: int, hashes: list[list[int]]) -> PrefixPools:
+    """Offload pools over requests whose prompt blocks carry ``hashes`` (prompts of 8 blocks)."""
+    arrays = [np.array(h, dtype=np.uint64) for h in hashes]
+    prompt = [8 * BT] * len(hashes)
+    return PrefixPools(TINY, BT, (device_blocks, host_blocks), "offload", (arrays, prompt))
+
+
+def test_offload_writes_through_evicts_and_loads_back_the_same_values():
+    gen = torch.Generator().manual_seed(0)
+    pools = prefix_pools(3, 4, [[11, 12], [11, 12], [21, 22]])
+    pools.allocate(0, 2 * BT)
+    (table,) = pools.device_tables([0], [0])
+    kv = torch.randn(2, 2, 2 * BT, 1, 32, generator=gen)
+    write(pools, table, 0, kv)
+    pools.register(0, 2 * BT)  # both blocks findable and written through to the host
+    assert pools.d2h_bytes == 2 * BLOCK and len(pools.host_slot) == 2
+    pools.release(0)  # cached, not freed: 3 blocks still available (1 free + 2 evictable)
+    assert pools.available == 3 and len(pools.hbm_lru) == 2
+    pools.allocate(2, 3 * BT)  # needs all 3 slots: both cached blocks leave the device pool
+    assert not pools.hbm_lru and len(pools.host_slot) == 2 and pools.d2h_bytes == 2 * BLOCK
+    pools.release(2)  # never registered: freed
+    hits = pools.match(1)
+    assert [tier for _, tier in hits] == [1, 1]  # both only in the host pool
+    assert pools.admission_cost(1, hits, 2 * BT + 1) == 3  # 2 to load + 1 new
+    assert pools.take(1, hits) == 2 and pools.h2d_bytes == 2 * BLOCK
+    (table,) = pools.device_tables([1], [2 * BT])
+    assert torch.equal(read(pools, table, 2 * BT), kv)
+
+
+def test_a_full_host_pool_drops_its_oldest_copy():
+    pools = prefix_pools(4, 1, [[11], [21], [31]])
+    for rid in (0, 1):
+        pools.allocate(rid, BT)
+        pools.register(rid, BT)
+        pools.release(rid)
+    # one host slot: request 1's block pushed request 0's copy out; 0's stays on the device
+    assert [pools.hash_of[b] for b in pools.host_slot] == [21]
+    assert [tier for _, tier in pools.match(0)] == [0]  # still cached in the device pool

@@ -28,7 +28,8 @@ TINY = {
 RTOL = 1e-3  # issue 7: paged attention equals dense SDPA within 1e-3 relative
 
 
-def config(mode: str, pool: int, *, seqs: int = 4, budget: int = 64, requests: int = 6, **kv):
+def config(mode: str, pool: int, *, seqs: int = 4, budget: int = 64, requests: int = 6,
+           workload: dict | None = None, **kv):  # fmt: skip
     """A tiny closed-batch run config for the mini-engine and the simulator."""
     data = {
         "seed": 3,
@@ -43,7 +44,23 @@ def config(mode: str, pool: int, *, seqs: int = 4, budget: int = 64, requests: i
                    "kv_pool_blocks": pool},
         "kv": {"mode": mode, "prefix_caching": False, "layerwise": False, **kv},
     }  # fmt: skip
+    if workload is not None:
+        data["workload"] = workload
     return build_config(data, "<test>")
+
+
+def documents(requests: int = 16) -> dict:
+    """Questions on 6 shared documents (Zipf 0.5) after an 8-token system prompt: prefix hits."""
+    return {
+        "kind": "documents", "num_requests": requests, "arrival": {"kind": "all_at_once"},
+        "num_documents": 6, "document_tokens": {"kind": "uniform", "min": 24, "max": 64},
+        "question_tokens": {"kind": "uniform", "min": 4, "max": 16},
+        "output_tokens": {"kind": "uniform", "min": 2, "max": 8},
+        "zipf_s": 0.5, "system_prompt_tokens": 8,
+    }  # fmt: skip
+
+
+BLOCK = 2 * 2 * 2 * 32 * 4 * 8  # tiny model: layers x K,V x kv_heads x head_dim x 4 B x 8 tokens
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -78,17 +95,35 @@ def test_paged_attention_equals_dense_sdpa():
     assert relative_error(out, want) < RTOL
 
 
-@pytest.mark.parametrize(
-    ("mode", "pool"),
-    [("hbm", 40), ("dram_centric", 22)],
-)
-def test_engine_logits_equal_a_dense_forward_in_every_mode(mode, pool):
-    cfg = config(mode, pool, seqs=2)
+def prefix_config(mode: str, pool: int, seqs: int = 2, budget: int = 32):
+    """``mode`` with a prefix cache on the documents workload (offload: a 30-block host pool)."""
+    kv = {"prefix_caching": True, "ssd_capacity": 0}
+    if mode == "offload":
+        kv["dram_capacity"] = 30 * BLOCK
+    return config(mode, pool, seqs=seqs, budget=budget, workload=documents(), **kv)
+
+
+ENGINE_CASES = [  # every mode; offload and hbm with a prefix cache that evicts
+    ("hbm", lambda: config("hbm", 40, seqs=2)),
+    ("dram_centric", lambda: config("dram_centric", 22, seqs=2)),
+    ("hbm+prefix", lambda: prefix_config("hbm", 16)),
+    ("offload", lambda: prefix_config("offload", 24)),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), ENGINE_CASES, ids=[c[0] for c in ENGINE_CASES])
+def test_engine_logits_equal_a_dense_forward_in_every_mode(name, make):
+    cfg = make()
+    mode = cfg.kv.mode
     requests = build_requests(cfg.workload, cfg.seed, block_tokens=8)
     engine = MiniEngine(cfg, requests, record_logits=True)
     run = engine.run()
     if mode == "dram_centric":
         assert run.steps.d2h_bytes.sum() > 0  # KV really went through to the host pool
+    if mode == "offload":  # blocks went down to the host pool and came back on prefix hits
+        assert run.steps.d2h_bytes.sum() > 0 and run.steps.h2d_bytes.sum() > 0
+    if cfg.kv.prefix_caching:
+        assert sum(len(t) for t in engine.kv.tables.values()) == 0 and engine.kv.index
     weights = random_weights(cfg.model, cfg.seed)
     for rid, logits in engine.logits.items():
         sequence = torch.tensor(engine.sequences[rid])
@@ -105,6 +140,15 @@ def test_modes_produce_the_same_tokens():
             MiniEngine(cfg, build_requests(cfg.workload, cfg.seed, block_tokens=8)).run().tokens
         )
     assert tokens["hbm"] == tokens["dram_centric"]
+    cached = {}
+    for name, cfg in (
+        ("no cache", config("hbm", 40, seqs=2, budget=32, workload=documents())),
+        ("hbm", prefix_config("hbm", 16)),
+        ("offload", prefix_config("offload", 24)),
+    ):
+        requests = build_requests(cfg.workload, cfg.seed, block_tokens=8)
+        cached[name] = MiniEngine(cfg, requests).run().tokens
+    assert cached["no cache"] == cached["hbm"] == cached["offload"]
 
 
 @pytest.mark.parametrize(
@@ -128,10 +172,32 @@ def test_engine_takes_the_simulators_steps(mode, pool, budget):
 
 
 @pytest.mark.parametrize(
+    ("mode", "pool", "seqs", "budget"),
+    [("offload", 24, 2, 32), ("offload", 24, 4, 64), ("offload", 16, 1, 32), ("hbm", 16, 2, 32)],
+)
+def test_prefix_cache_takes_the_simulators_steps_and_moves_its_bytes(mode, pool, seqs, budget):
+    cfg = prefix_config(mode, pool, seqs=seqs, budget=budget)
+    requests = build_requests(cfg.workload, cfg.seed, block_tokens=8)
+    run = MiniEngine(cfg, requests).run()
+    sim = simulate(cfg, requests)
+    assert list(run.steps.batch_size) == list(sim.timeline.batch_size)
+    assert list(run.steps.step_tokens) == list(sim.timeline.step_tokens)
+    assert run.preemptions == sim.summary["preemptions"]
+    # the same blocks were written through or back, and loaded on host-pool hits
+    assert run.steps.h2d_bytes.sum() == sim.summary["h2d_bytes"]
+    assert run.steps.d2h_bytes.sum() == sim.summary["d2h_bytes"]
+    assert sim.summary["hbm_hit_rate"] > 0.3
+    if mode == "offload":
+        assert sim.summary["dram_hit_rate"] > 0 and sim.summary["h2d_bytes"] > 0
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"kv": {"mode": "offload"}}, "offload moves prefix-cached blocks"),
-        ({"kv": {"mode": "hbm", "prefix_caching": True}}, "kv.prefix_caching"),
+        ({"kv": {"mode": "dram_centric", "prefix_caching": True}}, "kv.prefix_caching with"),
+        ({"kv": {"mode": "offload", "write_policy": "write_back"}}, "kv.write_policy"),
+        ({"kv": {"mode": "offload", "ssd_capacity": "1GiB"}}, "an SSD tier"),
+        ({"kv": {"mode": "offload", "dram_capacity": "64GiB"}}, "kv.dram_capacity"),
         ({"engine": {"preemption": "swap", "kv_pool_blocks": 40}}, "engine.preemption: swap"),
         ({"engine": {"kv_pool_blocks": None}}, "engine.kv_pool_blocks"),
     ],

@@ -69,12 +69,12 @@ def test_filter_on_unknown_column(write) -> None:
 def test_generic_csv_with_units_and_sessions(write) -> None:
     path = write("g.csv", "t,p,o,sid\n1500,10,2,x\n500,20,3,y\n2500,30,4,x\n")
     columns = {"arrival": "t", "prompt_tokens": "p", "output_tokens": "o", "session": "sid"}
-    requests = build(trace(path, "csv", columns=columns, time_unit="ms"))
+    requests = build(trace(path, "csv", columns=columns, time_unit="ms", on_unsorted="sort"))
     assert requests.arrival_s.tolist() == [0.0, 1.0, 2.0]  # sorted by time, from the first
     assert requests.prompt_tokens.tolist() == [20, 10, 30]
     assert requests.session.tolist() == [1, 0, 0]
     with pytest.raises(KvsimError, match=r"column 'session_id'"):
-        build(trace(path, "csv", columns=columns | {"session": "session_id"}))
+        build(trace(path, "csv", columns=columns | {"session": "session_id"}, on_unsorted="sort"))
 
 
 def test_generic_jsonl_with_datetimes_and_hashes(write) -> None:
@@ -160,12 +160,19 @@ def test_jitter_is_seeded(ten: Path) -> None:
     assert np.all((offsets >= 0) & (offsets < 0.5))
 
 
-def test_unsorted_trace_sorted_stably(write) -> None:
+def test_unsorted_trace_sorted_stably_on_request(write) -> None:
     path = write(
         "u.jsonl", jsonl([moon(2000, 1, []), moon(0, 2, []), moon(2000, 3, []), moon(0, 4, [])])
     )
-    requests = build(trace(path))
+    requests = build(trace(path, on_unsorted="sort"))
     assert requests.prompt_tokens.tolist() == [2, 4, 1, 3]
+
+
+def test_unsorted_trace_is_refused_at_its_first_line_back_in_time(write) -> None:
+    rows = [moon(0, 1, []), moon(2000, 2, []), moon(3000, 3, []), moon(1000, 4, []), moon(0, 5, [])]
+    path = write("u.jsonl", jsonl(rows))
+    with pytest.raises(KvsimError, match=r"u.jsonl:4: arrival 1 s is earlier than line 3's 3 s"):
+        build(trace(path))
 
 
 # --- paths ---------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Two sources share the format: Vidur's published ``mlp.csv`` profiling tables (one wide row
 per token count, milliseconds per layer; ``../shared/calibration/README.md``) and the raw
-measurements ``validation.microbench`` writes. The fit reads only the long format.
+measurements ``validation.microbench`` writes (which add attention, copy and LM-head rows).
+The fit (``validation.opsfit``) and the table cost model (``sim.costtable``) read only the
+long format.
 
 Long-format columns: ``model`` (the shape's name), ``kind`` (``gemm``, or a kernel of
 :data:`KERNEL_KINDS`), ``op`` (the source's operator name), ``tokens`` (rows of the
@@ -13,6 +15,7 @@ part of a layer's time, not once per step), ``source``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ import pandas as pd
 
 from sim.errors import KvsimError
 
+CALIBRATION_ENV = "KVSIM_CALIBRATION"
 KERNEL_KINDS = ("norm", "rope", "activation", "residual_add", "embedding")
 LONG_COLUMNS = (
     "model",
@@ -151,3 +155,53 @@ def read_tables(root: str | Path, gpu: str) -> pd.DataFrame:
         else:
             parts.append(vidur_to_long(table, path.stem, str(path)))
     return pd.concat(parts, ignore_index=True)
+
+
+def read_measurements(path: str | Path) -> pd.DataFrame:
+    """One table file (long format, or a Vidur ``mlp.csv``) or a folder of them, as long rows."""
+    path = Path(path)
+    if path.is_dir():
+        if not any(path.glob("*.csv")) and not any(path.glob("*.parquet")):
+            raise KvsimError(f"{path}: no measurement tables (*.csv, *.parquet) in this folder")
+        return read_tables(path, "")
+    if path.suffix == ".parquet":
+        return read_long(path)
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise KvsimError(f"{path}: cannot read as CSV: {exc}") from None
+    if set(LONG_COLUMNS) <= set(table.columns):
+        return table
+    return vidur_to_long(table, path.stem, str(path))
+
+
+def calibration_root() -> Path | None:
+    """``$KVSIM_CALIBRATION``, else the ``shared/calibration`` folder beside this checkout."""
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        return Path(env).expanduser()
+    beside = Path(__file__).resolve().parents[2] / "shared" / "calibration"
+    return beside if beside.is_dir() else None
+
+
+def resolve_table_path(path: str) -> Path:
+    """``path`` if absolute, else under the working directory, else under the calibration root.
+
+    Raises:
+        ValueError: naming every place looked at (a config validator turns it into the
+            ConfigError of ``hardware.cost_table``).
+    """
+    given = Path(path).expanduser()
+    candidates = [given] if given.is_absolute() else [Path.cwd() / given]
+    root = calibration_root()
+    if root is not None and not given.is_absolute():
+        candidates.append(root / given)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise ValueError(
+        f"measured tables {path!r} not found (looked at {looked}); expected a long-format "
+        f"CSV/parquet from 'kvsim calibrate --device' or a folder of Vidur mlp.csv tables "
+        f"(set ${CALIBRATION_ENV} to the folder holding them)"
+    )

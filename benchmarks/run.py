@@ -1,0 +1,334 @@
+"""The speed benchmark: a fixed set of workloads, one table, JSON (issue 8). Not a test.
+
+    python -m benchmarks.run [--quick] [--only KEY[,KEY...]] [--json FILE] [--repeat N]
+                             [--max-requests N]
+
+Each workload runs in its own process (``--child KEY``), so peak RSS is its own. Columns:
+wall time (building the workload + simulating), its CPU time (what to compare on a shared
+machine), peak RSS, simulated seconds per wall second, engine steps per second, SimPy
+events per second (for the replay workload: block accesses per second). ``--only 6``
+picks workload 6, ``--only 4`` every ``4-*`` one, ``--only 2`` both ``2a`` and ``2b``;
+``--only scale`` the 1,000,000-request run, which no other selection includes. Traces come
+from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machine and on
+its other load (compare CPU seconds); docs/performance.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+MOONCAKE = "mooncake_fast25_conversation_trace.jsonl"
+MOONCAKE_SYNTHETIC = "mooncake_fast25_synthetic_trace.jsonl"
+REPLAY_POLICIES = ("fifo", "lru", "lfu", "arc", "s3fifo", "sieve", "opt", "prefix_lru")
+REPLAY_CAPACITIES = (1000, 5000, 10_000, 30_000, 50_000, 100_000)
+
+
+def _mooncake(kv: dict) -> dict:
+    return {
+        "seed": 0,
+        "model": "llama-3-8b",
+        "hardware": "h100-sxm",
+        "workload": {"kind": "trace", "format": "mooncake", "path": MOONCAKE, "jitter_s": 3.0},
+        "engine": {"max_num_seqs": 256, "max_batched_tokens": 8192, "block_tokens": 16},
+        "kv": kv,
+    }
+
+
+def _peer(num_requests: int) -> dict:
+    return {
+        "seed": 0,
+        "model": "llama-2-7b",
+        "hardware": "h100-sxm",
+        "workload": {
+            "kind": "fitted",
+            "from": {"format": "azure", "path": "azure_llm_2023_conv.csv"},
+            "num_requests": num_requests,
+            "arrival": {"kind": "poisson", "rate": 6.0},
+            "max_total_tokens": 4096,
+        },
+        "engine": {"max_num_seqs": 128, "max_batched_tokens": 512, "chunked_prefill": True},
+        "kv": {"mode": "hbm"},
+    }
+
+
+def _poisson(num_requests: int) -> dict:
+    return {
+        "seed": 0,
+        "model": "llama-3-8b",
+        "hardware": "h100-sxm",
+        "workload": {"preset": "short-chat", "num_requests": num_requests},
+        "engine": {"max_num_seqs": 256, "max_batched_tokens": 8192},
+        "kv": {"mode": "hbm"},
+    }
+
+
+SEED_POINT = {
+    "seed": 0,
+    "model": "llama-2-7b",
+    "hardware": "h100-sxm",
+    "workload": {
+        "kind": "synthetic",
+        "num_requests": 32,
+        "arrival": {"kind": "all_at_once"},
+        "prompt_tokens": 8192,
+        "output_tokens": 64,
+    },
+    "engine": {"max_num_seqs": 256, "max_batched_tokens": 8192, "block_tokens": 16},
+    "kv": {"mode": "dram_centric", "access": "full"},
+}
+
+# 1,000,000 short requests at a rate the engine keeps up with (bounded memory check)
+SCALE = {
+    "seed": 0,
+    "model": "llama-3-8b",
+    "hardware": "h100-sxm",
+    "workload": {
+        "kind": "synthetic",
+        "num_requests": 1_000_000,
+        "arrival": {"kind": "poisson", "rate": 200.0},
+        "prompt_tokens": {"kind": "uniform", "min": 64, "max": 256},
+        "output_tokens": {"kind": "uniform", "min": 4, "max": 28},
+    },
+    "engine": {"max_num_seqs": 256, "max_batched_tokens": 8192},
+    "kv": {"mode": "hbm"},
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark row: an engine config, or the replay table (``config`` None)."""
+
+    key: str
+    title: str
+    config: dict | None = None
+    quick: bool = False
+    target: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+WORKLOADS = (
+    Workload(
+        "1",
+        "Mooncake conversation, dram_centric sparse",
+        _mooncake({"mode": "dram_centric", "access": "sparse"}),
+        target="<= 30 s, < 2 GB",
+    ),
+    Workload(
+        "2a",
+        "Mooncake conversation, offload S3-FIFO",
+        _mooncake({"mode": "offload", "eviction": "s3fifo"}),
+    ),
+    Workload("2b", "Mooncake conversation, hbm", _mooncake({"mode": "hbm"})),
+    Workload("3", "seed point 32 x 8192, dram_centric full", SEED_POINT, quick=True),
+    Workload("4-10k", "Poisson short-chat 10k", _poisson(10_000), quick=True),
+    Workload("4-20k", "Poisson short-chat 20k", _poisson(20_000), quick=True),
+    Workload("4-40k", "Poisson short-chat 40k", _poisson(40_000)),
+    Workload("4-80k", "Poisson short-chat 80k", _poisson(80_000)),
+    Workload("5", "replay both Mooncake traces, 8 x 6", None, target="< 20 s"),
+    Workload("6", "peer: Azure conv 4k, hbm", _peer(4000), quick=True, target="<= 2.3 s"),
+    Workload("6-16k", "peer: Azure conv 16k, hbm", _peer(16_000), target="<= 4 s"),
+    Workload("scale", "synthetic 1,000,000 requests", SCALE, target="< 4 GB"),
+)
+BY_KEY = {w.key: w for w in WORKLOADS}
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its finished children so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _peak_rss_bytes() -> int:
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(self_kb, children_kb) * 1024
+
+
+def _run_engine(config_data: dict) -> dict:
+    from sim.config import build_config
+    from sim.engine import Engine
+    from sim.workload import build_requests
+    from sim.workload.trace import traces_root
+
+    start = time.perf_counter()
+    config = build_config(config_data, "<benchmark>")
+    requests = build_requests(
+        config.workload, config.seed, traces_root() or Path("."), config.engine.block_tokens
+    )
+    built = time.perf_counter()
+    engine = Engine(config, requests)
+    result = engine.run()
+    wall = time.perf_counter() - start
+    events = next(engine.env._eid)  # SimPy's event counter: events scheduled in the run
+    s = result.summary
+    return {
+        "wall_s": wall,
+        "build_s": built - start,
+        "sim_s": s["sim_time_s"],
+        "steps": s["steps"],
+        "events": events,
+        "requests": len(requests),
+        "finished": s["requests_finished"],
+    }
+
+
+def _run_replay() -> dict:
+    from sim.replay import read_trace, replay_table
+
+    jobs = min(len(os.sched_getaffinity(0)), len(REPLAY_POLICIES) * len(REPLAY_CAPACITIES))
+    start = time.perf_counter()
+    accesses = 0
+    for name in (MOONCAKE, MOONCAKE_SYNTHETIC):
+        trace = read_trace(name)
+        rows = replay_table(
+            trace, {p: p for p in REPLAY_POLICIES}, REPLAY_CAPACITIES, jobs=jobs, progress=False
+        )
+        accesses += len(trace.keys) * len(rows)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "sim_s": None, "steps": None, "events": accesses, "jobs": jobs}
+
+
+def child(key: str, max_requests: int | None = None) -> None:
+    """Run one workload in this process and print its figures as one JSON line."""
+    workload = BY_KEY[key]
+    cpu = _cpu_s()
+    if workload.config is None:
+        row = _run_replay()
+    else:
+        config = copy.deepcopy(workload.config)
+        if max_requests and config["workload"]["kind"] == "trace":
+            config["workload"]["max_requests"] = max_requests
+        row = _run_engine(config)
+    row["cpu_s"] = _cpu_s() - cpu
+    row["peak_rss_bytes"] = _peak_rss_bytes()
+    print(json.dumps(row))
+
+
+def run_one(key: str, max_requests: int | None = None) -> dict:
+    """Run ``key`` in a fresh interpreter; its figures."""
+    cap = ["--max-requests", str(max_requests)] if max_requests else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--child", key, *cap],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _rates(row: dict) -> dict:
+    wall = row["wall_s"]
+    return {
+        "sim_per_wall": row["sim_s"] / wall if row.get("sim_s") else None,
+        "steps_per_s": row["steps"] / wall if row.get("steps") else None,
+        "events_per_s": row["events"] / wall if row.get("events") else None,
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """The table the benchmark prints."""
+    head = (
+        f"{'#':<6} {'workload':<44} {'wall s':>8} {'CPU s':>8} {'RSS MiB':>8} {'sim s/wall s':>12} "
+        f"{'steps/s':>9} {'events/s':>10}  target"
+    )
+    lines = [head, "-" * len(head)]
+    for key, row in results.items():
+        w = BY_KEY[key]
+        if "error" in row:
+            lines.append(f"{key:<6} {w.title:<44} error: {row['error']}")
+            continue
+        rss = row["peak_rss_bytes"] / 2**20
+        lines.append(
+            f"{key:<6} {w.title:<44} {row['wall_s']:>8.2f} {row['cpu_s']:>8.2f} {rss:>8.0f} "
+            f"{_fmt(row['sim_per_wall'], '>12,.1f')} {_fmt(row['steps_per_s'], '>9,.0f')} "
+            f"{_fmt(row['events_per_s'], '>10,.0f')}  {w.target}"
+        )
+    return "\n".join(lines)
+
+
+def scaling_note(results: dict[str, dict]) -> str | None:
+    """Wall-time ratio of each doubling of workload 4 (linear: <= 2.2)."""
+    keys = [k for k in ("4-10k", "4-20k", "4-40k", "4-80k") if "wall_s" in results.get(k, {})]
+    walls = [(k, results[k]["wall_s"]) for k in keys]
+    if len(walls) < 2:
+        return None
+    ratios = [f"{b[0]}/{a[0]} {b[1] / a[1]:.2f}x" for a, b in pairwise(walls)]
+    return "scaling (2x requests, target <= 2.2x time): " + ", ".join(ratios)
+
+
+def select(only: str | None, quick: bool) -> list[str]:
+    """Workload keys to run: ``--only`` keys or prefixes, else quick or all (never scale)."""
+    if only:
+        keys = []
+        for part in only.split(","):
+            found = [w.key for w in WORKLOADS if w.key == part] or [
+                w.key for w in WORKLOADS if w.key.startswith(part) and w.key[len(part)] in "-ab"
+            ]
+            if not found:
+                raise SystemExit(f"--only {part!r}: no such workload; keys: {', '.join(BY_KEY)}")
+            keys.extend(found)
+        return keys
+    return [w.key for w in WORKLOADS if w.key != "scale" and (w.quick or not quick)]
+
+
+def main() -> None:
+    """Run the selected workloads, print the table, write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="workloads 3, 4-10k, 4-20k and 6")
+    parser.add_argument("--only", metavar="KEY[,KEY]", help="e.g. 1, 4, 6-16k, scale")
+    parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"))
+    parser.add_argument("--repeat", type=int, default=1, help="keep the best of N runs")
+    parser.add_argument(
+        "--max-requests", type=int, help="cap the trace workloads (1, 2a, 2b) at N requests"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.max_requests)
+        return
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} on {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    results: dict[str, dict] = {}
+    for key in select(args.only, args.quick):
+        runs = [run_one(key, args.max_requests) for _ in range(args.repeat)]
+        good = [r for r in runs if "error" not in r]
+        row = min(good, key=lambda r: r["wall_s"]) if good else runs[0]
+        if "error" not in row:
+            row.update(_rates(row))
+        results[key] = row
+        print(format_table({key: row}).splitlines()[-1], flush=True)
+    print()
+    print(format_table(results))
+    note = scaling_note(results)
+    if note:
+        print(note)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "load_average": load,
+        "cpu_count": os.cpu_count(),
+        "max_requests": args.max_requests,
+        "results": results,
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

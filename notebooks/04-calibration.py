@@ -1,0 +1,141 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Calibration: fit the cost model to measured kernels, then check it
+#
+# kvsim's step time comes from a roofline cost model whose efficiencies and fixed
+# latencies live in the hardware profile ([docs/cost-model.md](../docs/cost-model.md)). The
+# validation package measures real torch kernels, fits those parameters, and then runs a
+# small real serving engine (a torch mini-Llama with a paged KV cache) beside the simulator
+# to see how far apart they are. Here everything runs on this machine's CPU, in its
+# `--quick` form; on a GPU the same commands take `--device cuda`
+# ([docs/validation.md](../docs/validation.md), which also has the H100/A100 fits to
+# published operator tables).
+#
+# Needs the validation extra (`pip install -e '.[validation]'`, torch CPU build).
+
+# %%
+import json
+import shlex
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import yaml
+
+from sim.cli import main
+from sim.config import load_hardware
+from sim.config.hardware import HardwareSpec
+from sim.costmodel import CostParams, gemm_seconds
+
+
+def kvsim(command: str) -> None:
+    """Run ``kvsim COMMAND`` in this process (as the shell would); fail the cell if it fails."""
+    status = main(shlex.split(command))
+    assert status == 0, f"kvsim {command} exited with {status}"
+
+
+# %% [markdown]
+# ## 1. Measure and fit
+#
+# `kvsim calibrate --device cpu` times copies, block copies, the GEMMs of a small model at
+# many token counts, the elementwise kernels and attention, then fits the profile's
+# parameters to them and writes a new profile (the base profile `cpu-host` with a measured
+# and fitted `efficiency` section and a header recording how it was made).
+
+# %%
+kvsim("calibrate --device cpu --quick --out cpu-calibrated.yaml")
+calibrated = HardwareSpec.model_validate(yaml.safe_load(Path("cpu-calibrated.yaml").read_text()))
+base = load_hardware("cpu-host")
+pd.DataFrame(
+    {
+        "cpu-host (placeholder)": base.efficiency.model_dump(exclude={"kernels"}),
+        "calibrated": calibrated.efficiency.model_dump(exclude={"kernels"}),
+    }
+)
+
+# %% [markdown]
+# ## 2. The fit against the measurements
+#
+# The raw timings are in `cpu-calibrated.measurements.csv`. For the GEMMs: the fitted
+# model's prediction (`sim.costmodel.gemm_seconds`, the very function the simulator uses)
+# against each measured time, by projection.
+
+# %%
+raw = pd.read_csv("cpu-calibrated.measurements.csv")
+gemms = raw[raw.kind == "gemm"].copy()
+params = CostParams.from_hardware(calibrated)
+dtype_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[gemms.dtype.iloc[0]]
+gemms["predicted_s"] = [
+    gemm_seconds(params, t, i, o, dtype_bytes)
+    for t, i, o in zip(gemms.tokens, gemms.fan_in, gemms.fan_out, strict=True)
+]
+gemms["error"] = (gemms.predicted_s / gemms.time_s - 1).abs()
+print(f"GEMM time error: median {gemms.error.median():.1%}, p90 {gemms.error.quantile(0.9):.1%}")
+
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+for op, rows in gemms.groupby("op"):
+    rows = rows.sort_values("tokens")
+    (line,) = ax.plot(rows.tokens, rows.predicted_s * 1e3, lw=1)
+    ax.scatter(rows.tokens, rows.time_s * 1e3, s=10, color=line.get_color(), label=op)
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="tokens",
+    ylabel="time (ms)",
+    title="GEMMs: measured (dots) and fitted (lines)",
+)
+ax.legend(fontsize=7)
+fig.tight_layout()
+
+# %% [markdown]
+# ## 3. Measured engine against simulated engine
+#
+# `kvsim validate` serves a small closed-batch workload with the real torch mini-engine
+# (continuous batching, chunked prefill, paged KV) and simulates the same requests with the
+# same engine settings, then compares step by step. The baseline is the uncalibrated
+# `cpu-host` profile. One KV mode and one timed run here, to stay quick; the default runs
+# `hbm` and `dram_centric` three times each.
+
+# %%
+kvsim(
+    "validate --device cpu --profile cpu-calibrated.yaml --quick --modes hbm --repeats 1 --out val"
+)
+report = json.loads(Path("val/report.json").read_text())
+pd.DataFrame(
+    {
+        "calibrated": {k: report[k] for k in ("step_mape", "e2e_error")},
+        "cpu-host baseline": {k: report["baseline"][k] for k in ("step_mape", "e2e_error")},
+    }
+).style.format("{:.1%}")
+
+# %%
+steps = pd.read_csv("val/steps.csv")
+fig, ax = plt.subplots(figsize=(7, 3))
+x = np.arange(len(steps))
+ax.plot(x, steps.step_s * 1e3, "k.-", lw=1, label="measured (mini-engine)")
+ax.plot(x, steps.simulated_s * 1e3, ".-", lw=1, label="simulated, calibrated")
+ax.plot(x, steps.baseline_s * 1e3, ".:", lw=1, label="simulated, cpu-host")
+ax.set(xlabel="step", ylabel="step time (ms)", yscale="log")
+ax.legend(fontsize=7)
+fig.tight_layout()
+pd.DataFrame(report["by_kind"]).T
+
+# %% [markdown]
+# The calibrated profile tracks the measured steps; the placeholder profile, whose
+# figures describe a different CPU, is off by a large factor. On a shared or busy machine
+# the timings are noisy: `--repeats` and the minimum-over-runs statistic on the CPU are
+# there for that. To calibrate a GPU: `kvsim calibrate --device cuda --out my-gpu.yaml`, then
+# `kvsim validate --device cuda --profile my-gpu.yaml --out report/`, and use
+# `hardware: my-gpu.yaml`-style profiles in your runs (docs/validation.md).

@@ -1,0 +1,157 @@
+"""Regenerate the README's gallery (``docs/img/*.png``) from the experiment configs.
+
+Each group runs its study with the ordinary commands (``kvsim sweep``, ``kvsim plot``,
+``kvsim replay``) into ``--runs`` (resuming a sweep that is already there) and writes its
+figures into ``--out``. Times are on two cores.
+
+    python scripts/make_gallery.py                          # every group (~40 min)
+    python scripts/make_gallery.py --only seed-study,mooncake-replay   # ~4 min
+
+Groups: seed-study (~1 min), workload-mix (~5 min), mooncake-replay (~3 min; needs the
+Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min; traces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "experiments" / "configs"
+MOONCAKE = {
+    "conversation": "mooncake_fast25_conversation_trace.jsonl",
+    "synthetic": "mooncake_fast25_synthetic_trace.jsonl",
+}
+REPLAY_CAPACITIES = "1000,2000,5000,10000,20000,50000"
+REPLAY_POLICIES = (
+    "fifo,lru,lfu,arc,s3fifo,sieve,gds,heat,length_aware,scheduler_aware,prefix_lru,opt"
+)
+
+
+def kvsim(*args: str | Path) -> None:
+    """Run one kvsim command; stop the gallery if it fails."""
+    cmd = [sys.executable, "-m", "sim", *map(str, args)]
+    print("$ kvsim", " ".join(map(str, args)), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def sweep(config: str, runs: Path, workers: int) -> Path:
+    """Run (or resume) a sweep of ``experiments/configs``; its directory."""
+    out = runs / Path(config).stem
+    resume = ["--resume"] if (out / "sweep.json").is_file() else []
+    kvsim("sweep", CONFIGS / config, "--out", out, "--workers", workers, "--quiet", *resume)
+    return out
+
+
+def seed_study(runs: Path, img: Path, workers: int) -> None:
+    """PagedAttention vs DRAM-centric KV: throughput, TPOT, HBM pressure, link use."""
+    r = sweep("seed-study.yaml", runs, workers)
+    big = ["--where", "workload.num_requests=32", "--where", "workload.prompt_tokens=8192"]
+    kvsim("plot", r, "--kind", "throughput", "--x", "workload.prompt_tokens", "--panel",
+          "hardware", "--where", "model=llama-3-8b", "--where", "workload.num_requests=32",
+          "--out", img / "seed-study-throughput.png")  # fmt: skip
+    kvsim("plot", r, "--kind", "throughput", "--metric", "tpot_p50_s", "--x",
+          "workload.num_requests", "--panel", "hardware", "--where", "model=llama-3-70b",
+          "--where", "workload.prompt_tokens=4096",
+          "--out", img / "seed-study-tpot.png")  # fmt: skip
+    kvsim("plot", r, "--kind", "hbm-pressure", "--where", "hardware=h100-sxm", "--where",
+          "model=llama-3-8b", *big, "--out", img / "seed-study-hbm-pressure.png")  # fmt: skip
+    kvsim("plot", r, "--kind", "hbm-pressure", "--where", "hardware=h100-sxm", "--where",
+          "model=llama-3-70b", *big, "--out", img / "seed-study-hbm-pressure-70b.png")  # fmt: skip
+    kvsim("plot", r, "--kind", "link", "--where", "hardware=h100-sxm", "--where",
+          "model=llama-3-70b", *big, "--where", "kv.mode=dram_centric",
+          "--out", img / "seed-study-link.png")  # fmt: skip
+
+
+def workload_mix(runs: Path, img: Path, workers: int) -> None:
+    """The four workload presets through the three KV modes: latency CDFs."""
+    r = sweep("workload-mix.yaml", runs, workers)
+    kvsim("plot", r, "--kind", "latency-cdf", "--where", "workload.preset=long-doc-summary",
+          "--out", img / "workload-mix-latency.png")  # fmt: skip
+
+
+def mooncake_policies(runs: Path, img: Path, workers: int) -> None:
+    """Online eviction policies in the engine on the Mooncake traces: HBM prefix hit rate."""
+    r = sweep("mooncake-policies.yaml", runs, workers)
+    kvsim("plot", r, "--kind", "hit-rate", "--x", "engine.kv_pool_blocks", "--panel",
+          "workload.path", "--where", "kv.mode=hbm",
+          "--out", img / "mooncake-policies-hit-rate.png")  # fmt: skip
+
+
+def mooncake_replay(runs: Path, img: Path, workers: int) -> None:
+    """Every eviction policy and Belady's OPT on both whole Mooncake traces (kvsim replay)."""
+    tables = {}
+    for name, trace in MOONCAKE.items():
+        out = runs / f"replay-{name}.csv"
+        kvsim("replay", trace, "--capacities", REPLAY_CAPACITIES, "--policies",
+              REPLAY_POLICIES, "--jobs", workers, "--quiet", "--out", out)  # fmt: skip
+        tables[name] = pd.read_csv(out)
+    draw_replay(tables, img / "mooncake-replay-hit-rate.png")
+
+
+def draw_replay(tables: dict[str, pd.DataFrame], out: Path) -> Path:
+    """Hit rate against capacity, one panel per trace, one line per policy (OPT in black)."""
+    from experiments.plots.style import PALETTE, figure_legend, marker, panels, save, styled
+
+    colours = [c for c in PALETTE if c != "#000000"]  # black is OPT's alone
+    with styled():
+        fig, axes = panels(len(tables), width=4.2, height=3.0)
+        for ax, (name, table) in zip(axes, tables.items(), strict=True):
+            others = [p for p in dict.fromkeys(table.policy) if p != "opt"]
+            for policy, rows in table.groupby("policy", sort=False):
+                if policy == "opt":
+                    style = {"color": "black", "lw": 2.0, "marker": "*", "ms": 5}
+                else:
+                    j = others.index(policy)
+                    dash = "-" if j < len(colours) else "--"
+                    style = {"color": colours[j % len(colours)], "lw": 1.0, "ms": 3.5,
+                             "marker": marker(j), "ls": dash}  # fmt: skip
+                ax.plot(rows.capacity_blocks, rows.hit_rate, label=policy, **style)
+            caps = sorted(set(table.capacity_blocks))
+            ax.set_xscale("log")
+            ax.set_xticks(caps, [f"{c // 1000}k" for c in caps])
+            ax.minorticks_off()
+            accesses = int(table.accesses.iloc[0])
+            ax.set(ylim=(0, None), xlabel="pool (512-token blocks)", ylabel="hit rate",
+                   title=f"Mooncake {name} ({accesses:,} accesses)")  # fmt: skip
+        fig.tight_layout()
+        figure_legend(fig, axes, ncol=6)
+        return save(fig, out)
+
+
+GROUPS: dict[str, Callable[[Path, Path, int], None]] = {
+    "seed-study": seed_study,
+    "workload-mix": workload_mix,
+    "mooncake-replay": mooncake_replay,
+    "mooncake-policies": mooncake_policies,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen groups in order; print each one's time."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated groups")
+    parser.add_argument("--runs", type=Path, default=Path("runs/gallery"), help="study outputs")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="figure folder")
+    parser.add_argument("--workers", type=int, default=2, help="processes per sweep/replay")
+    args = parser.parse_args(argv)
+    chosen = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = [g for g in chosen if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group(s) {', '.join(unknown)}; expected: {', '.join(GROUPS)}")
+    args.runs.mkdir(parents=True, exist_ok=True)
+    for group in chosen:
+        start = time.perf_counter()
+        GROUPS[group](args.runs, args.out, args.workers)
+        print(f"{group}: {time.perf_counter() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Invariants checked after every engine step (``engine.check: true``, ``kvsim run --check``).
+
+After each step (once its timeline row is recorded):
+
+- no tier holds more blocks than its capacity, and each tier's count of residents matches
+  the block table;
+- HBM: weights + reserve + activations + KV (running + cached) + staging is what the
+  timeline row says HBM holds, the KV parts equal the resident blocks, and the whole stays
+  within the usable HBM (``gpu_memory_utilization`` x capacity);
+- every block's reference count equals the number of requests holding it, a held block is
+  in some tier, and no block in use is evictable (:meth:`KvManager.check`);
+- every link conserves bytes: delivered + in flight = submitted (in flight: transfers on
+  the wire or paying their latency), nothing delivered twice.
+
+At the end of the run: every request finished (all its tokens out) or was rejected with a
+reason, no block is still referenced, and every link delivered all it was given.
+
+A violation raises :class:`InvariantViolation` naming the step, the simulated time, the
+rule and the state that broke it. It is a simulator bug, not a bad input.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, NoReturn
+
+import numpy as np
+
+from sim.blocks import HBM
+from sim.errors import KvsimError
+from sim.scheduler import FINISHED, REJECTED
+
+if TYPE_CHECKING:
+    from sim.engine import Engine, RunResult
+
+BYTES_TOLERANCE = 1e-9  # relative: float sums of a few large byte counts
+
+
+class InvariantViolation(KvsimError):
+    """The simulator's state broke an invariant (a bug; the message says where and how)."""
+
+
+class Invariants:
+    """The checks of one engine run; :func:`attach` calls them."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.step = 0
+
+    def fail(self, rule: str, state: str) -> NoReturn:
+        """Raise a violation of ``rule`` at the current step, with the offending ``state``."""
+        now = self.engine.env.now
+        raise InvariantViolation(
+            f"invariant violated after step {self.step} (t = {now:.6f} s): {rule}; {state}"
+        )
+
+    def after_step(self, row: dict[str, float]) -> None:
+        """Every per-step check (module docstring) on the state and the step's timeline row."""
+        self.step += 1
+        self.check_tiers()
+        self.check_hbm(row)
+        self.check_blocks()
+        self.check_links(final=False)
+
+    def check_tiers(self) -> None:
+        """No tier above capacity; residents agree with the block table."""
+        kv = self.engine.kv
+        n = kv.table.size
+        for tier in kv.tiers:
+            listed = int(kv.table.where[tier.index, :n].sum())
+            if tier.resident > tier.capacity:
+                self.fail(
+                    f"tier {tier.name} above capacity",
+                    f"{tier.resident} blocks resident, capacity {tier.capacity}",
+                )
+            if listed != tier.resident:
+                self.fail(
+                    f"tier {tier.name} miscounts its blocks",
+                    f"resident counter {tier.resident}, block table {listed}",
+                )
+
+    def check_hbm(self, row: dict[str, float]) -> None:
+        """HBM parts sum to its use, match the resident blocks, and fit in usable HBM."""
+        engine = self.engine
+        plan, hbm = engine.plan, engine.kv.tiers[HBM]
+        running, cached = row["hbm_kv_running_bytes"], row["hbm_kv_cached_bytes"]
+        activations = engine.cost.activation_bytes(int(row["step_tokens"]), int(row["sampled"]))
+        parts = {
+            "weights": row["hbm_weights_bytes"],
+            "reserve": row["hbm_reserve_bytes"],
+            "activations": row["hbm_activation_bytes"],
+            "kv running": running,
+            "kv cached": cached,
+            "staging": row["hbm_staging_bytes"],
+        }
+        used = sum(parts.values())
+        shown = ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
+        tol = BYTES_TOLERANCE * plan.capacity
+        if abs(plan.capacity - row["hbm_free_bytes"] - used) > tol:
+            self.fail("HBM parts do not sum to its use", f"{shown}; free {row['hbm_free_bytes']}")
+        expected = (plan.weights, plan.runtime_reserve, activations, running + cached)
+        recorded = (parts["weights"], parts["reserve"], parts["activations"], row["hbm_kv_bytes"])
+        if any(abs(a - b) > tol for a, b in zip(expected, recorded, strict=True)):
+            self.fail("HBM parts differ from the plan and the step", f"{shown}")
+        if abs(running + cached - hbm.resident * hbm.block_bytes) > tol:
+            self.fail(
+                "HBM KV bytes differ from its resident blocks",
+                f"running {running:.0f} + cached {cached:.0f} vs {hbm.resident} blocks of "
+                f"{hbm.block_bytes:.0f} B",
+            )
+        if used > plan.usable + tol:
+            self.fail(
+                "HBM above its usable capacity",
+                f"{shown}: {used:.0f} B > usable {plan.usable:.0f} B",
+            )
+
+    def check_blocks(self) -> None:
+        """Reference counts match the requests holding each block; held blocks are resident."""
+        kv = self.engine.kv
+        t, n = kv.table, kv.table.size
+        holders = np.flatnonzero(kv.held > 0).tolist()
+        lists = [kv.blocks[rid] for rid in holders]
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        if not np.array_equal(lengths, kv.held[holders]):
+            i = int(np.flatnonzero(lengths != kv.held[holders])[0])
+            self.fail(
+                "a request holds another number of blocks than it counts",
+                f"request #{holders[i]}: {lengths[i]} blocks, held {int(kv.held[holders[i]])}",
+            )
+        flat = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(lengths.sum()))
+        refs = np.bincount(flat, minlength=n)
+        if len(refs) > n or not np.array_equal(refs, t.ref[:n]):
+            b = int(np.flatnonzero(refs[:n] != t.ref[:n])[0]) if len(refs) == n else n
+            self.fail(
+                "block reference counts do not match their owners",
+                f"block {b}: ref {int(t.ref[b]) if b < n else '-'}, held by "
+                f"{int(refs[b])} requests ({len(holders)} requests hold blocks)",
+            )
+        homeless = np.flatnonzero((refs > 0) & ~t.where[:, :n].any(axis=0))
+        if len(homeless):
+            self.fail("a block in use is in no tier", f"block {int(homeless[0])}")
+        for tier in kv.tiers:
+            evictable = np.fromiter(tier.evictable, dtype=np.int64, count=len(tier.evictable))
+            if not t.where[tier.index, evictable].all():
+                self.fail(f"tier {tier.name}: an evictable block is not resident", "")
+            if tier is kv.home and (t.ref[evictable] > 0).any():
+                b = int(evictable[t.ref[evictable] > 0][0])
+                self.fail(f"tier {tier.name}: a block in use is evictable", f"block {b}")
+
+    def check_links(self, final: bool) -> None:
+        """Bytes submitted = delivered + in flight (in flight: 0 at the end)."""
+        for link in self.engine.links.all():
+            active = sum(job.nbytes for job in link._active.values())
+            submitted, delivered = link.bytes_submitted, link.bytes_delivered
+            tol = BYTES_TOLERANCE * max(submitted, 1.0)
+            in_flight = submitted - delivered
+            if in_flight < -tol or active > in_flight + tol:
+                self.fail(
+                    f"link {link.name} does not conserve bytes",
+                    f"submitted {submitted:.0f}, delivered {delivered:.0f}, on the wire "
+                    f"{active:.0f}",
+                )
+            if final and abs(in_flight) > tol:
+                self.fail(
+                    f"link {link.name} ended with bytes undelivered",
+                    f"submitted {submitted:.0f}, delivered {delivered:.0f}",
+                )
+
+    def after_run(self, result: RunResult) -> None:
+        """Every request finished or rejected with a reason; nothing held; links drained."""
+        engine = self.engine
+        s, kv = engine.scheduler, engine.kv
+        ended = (s.status == FINISHED) | (s.status == REJECTED)
+        if not ended.all():
+            rid = int(np.flatnonzero(~ended)[0])
+            self.fail(
+                "a request neither finished nor was rejected",
+                f"{int((~ended).sum())} such requests, first #{rid} (state {int(s.status[rid])}, "
+                f"{int(s.generated[rid])} of {int(s.output[rid])} tokens out)",
+            )
+        rejected = np.flatnonzero(s.status == REJECTED).tolist()
+        unexplained = [rid for rid in rejected if not s.reject_reason.get(rid)]
+        if unexplained:
+            self.fail("a request was rejected without a reason", f"requests {unexplained[:5]}")
+        done = np.flatnonzero(s.status == FINISHED)
+        short = done[s.generated[done] < s.output[done]]
+        if len(short):
+            self.fail("a request finished early", f"request #{int(short[0])}")
+        held = [rid for rid, blocks in enumerate(kv.blocks) if blocks]
+        if held or int(kv.table.ref[: kv.table.size].sum()):
+            self.fail("blocks still referenced after the run", f"held by requests {held[:5]}")
+        statuses = result.requests.status.value_counts().to_dict()
+        if statuses.get("finished", 0) != len(done) or statuses.get("rejected", 0) != len(rejected):
+            self.fail("the requests table disagrees with the scheduler", f"{statuses}")
+        self.check_links(final=True)
+
+
+def attach(engine: Engine) -> Invariants:
+    """Check ``engine`` after each step and at the end of its run.
+
+    NOTE: the checks wrap the instance's ``timeline.record`` (called once per step, after
+    the step is applied, with the row it writes) and ``run``: the engine's code stays free
+    of checks but for the one line that calls this.
+    """
+    checks = Invariants(engine)
+    record, run = engine.timeline.record, engine.run
+
+    def checked_record(**row: float) -> None:
+        record(**row)
+        checks.after_step(row)
+
+    def checked_run() -> RunResult:
+        result = run()
+        checks.after_run(result)
+        return result
+
+    engine.timeline.record = checked_record  # type: ignore[method-assign]
+    engine.run = checked_run  # type: ignore[method-assign]
+    return checks
