@@ -7,6 +7,7 @@ import copy
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.config import ModelSpec, RunConfig, build_config
@@ -82,3 +83,12 @@ def tiny_model() -> ModelSpec:
         vocab=32000,
         dtype="bf16",
     )
+
+
+def hbm_parts(timeline: pd.DataFrame) -> pd.Series:
+    """Per step: weights + reserve + activations + KV + staging, the HBM a step holds."""
+    t = timeline
+    return (
+        t.hbm_weights_bytes + t.hbm_reserve_bytes + t.hbm_activation_bytes + t.hbm_kv_bytes
+        + t.hbm_staging_bytes
+    )  # fmt: skip

@@ -10,7 +10,7 @@ from sim.costmodel import CostModel, CostParams
 from sim.engine import Engine, simulate
 from sim.memory import plan_hbm
 from sim.rundir import write_run
-from tests.conftest import make_config
+from tests.conftest import hbm_parts, make_config
 
 
 def closed_batch(n, prompt, output, *overrides):
@@ -160,7 +160,7 @@ def test_hbm_never_above_capacity_and_every_request_ends(
 
     result = InvariantEngine(config, build_requests(config.workload, config.seed)).run()
     t = result.timeline
-    parts = t.hbm_weights_bytes + t.hbm_reserve_bytes + t.hbm_activation_bytes + t.hbm_kv_bytes
+    parts = hbm_parts(t)
     assert (parts <= config.hardware.hbm.capacity).all()
     assert (t.hbm_kv_bytes <= t.hbm_kv_pool_bytes).all()
     assert np.allclose(parts + t.hbm_free_bytes, config.hardware.hbm.capacity)

@@ -12,7 +12,7 @@ from sim.config.errors import ConfigError
 from sim.engine import simulate
 from sim.links import chunk_efficiency
 from sim.workload.requests import Requests
-from tests.conftest import make_config
+from tests.conftest import hbm_parts, make_config
 from tests.test_tiering import CheckedEngine, shared_documents
 
 BT = 16
@@ -114,11 +114,7 @@ def test_invariants_hold_with_prefetch_on(
     result = engine.run()
     assert set(result.requests.status) <= {"finished", "rejected"}
     t = result.timeline
-    parts = (
-        t.hbm_weights_bytes + t.hbm_reserve_bytes + t.hbm_activation_bytes + t.hbm_kv_bytes
-        + t.hbm_staging_bytes
-    )  # fmt: skip
-    assert (parts <= config.hardware.hbm.capacity).all()
+    assert (hbm_parts(t) <= config.hardware.hbm.capacity).all()
     for link in engine.links.all():
         assert link.bytes_delivered == pytest.approx(link.bytes_submitted)
         assert link.in_flight == 0

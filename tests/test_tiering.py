@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from sim.engine import Engine, layerwise_step_s, simulate
 from sim.workload import build_requests
 from sim.workload.requests import Requests
-from tests.conftest import make_config
+from tests.conftest import hbm_parts, make_config
 
 MODES = ("hbm", "offload", "dram_centric")
 
@@ -107,11 +107,7 @@ def test_conservation_in_every_mode(
     statuses = set(result.requests.status)
     assert statuses <= {"finished", "rejected"}
     t = result.timeline
-    parts = (
-        t.hbm_weights_bytes + t.hbm_reserve_bytes + t.hbm_activation_bytes + t.hbm_kv_bytes
-        + t.hbm_staging_bytes
-    )  # fmt: skip
-    assert (parts <= config.hardware.hbm.capacity).all()
+    assert (hbm_parts(t) <= config.hardware.hbm.capacity).all()
     assert (t.dram_kv_bytes <= dram_gib * 2**30).all()
     assert (t.ssd_kv_bytes <= ssd_gib * 2**30).all()
     for column in ("h2d_bytes", "d2h_bytes", "ssd_read_bytes", "ssd_write_bytes"):
