@@ -101,6 +101,16 @@ class EvictionPolicy(ABC):
 
     name: ClassVar[str] = ""
     params: ClassVar[Mapping[str, Param]] = MappingProxyType({})
+    # NOTE: True when an access puts a key where a fresh insert would (LRU): a pool may then
+    # forget a key while it is in use (``on_remove``) and re-insert it when the use ends,
+    # instead of keeping it in the order and pinning it at every ``victims()`` call.
+    access_is_insert: ClassVar[bool] = False
+    # NOTE: True when the policy defines ``on_hold(key)`` (a resident key is in use again: take
+    # it out of the order, keep its history) and ``on_release(key, now)`` (the use ended: put it
+    # back, the use counted as an access); ``on_remove`` also forgets a held key. A pool then
+    # holds keys this way instead of pinning them at every ``victims()`` call, which is slow
+    # for a policy that walks and re-queues each pinned key (S3-FIFO).
+    hold_hooks: ClassVar[bool] = False
 
     @abstractmethod
     def on_insert(self, key: int, now: float = 0.0) -> None:

@@ -19,6 +19,7 @@ class LRU(EvictionPolicy):
     """Least recently used. Eviction order: an ``OrderedDict`` from least to most recent."""
 
     name = "lru"
+    access_is_insert = True
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
@@ -31,10 +32,10 @@ class LRU(EvictionPolicy):
         """``key`` is now the most recent."""
         self._order.move_to_end(key)
 
-    def on_access_many(self, keys: list[int], now: float = 0.0) -> None:
+    def on_access_many(self, keys: np.ndarray | list[int], now: float = 0.0) -> None:
         """:meth:`on_access` each of ``keys``, in order (one call per step, not per block)."""
         move = self._order.move_to_end
-        for key in keys:
+        for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
             move(key)
 
     def on_remove(self, key: int) -> None:

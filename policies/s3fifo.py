@@ -38,6 +38,7 @@ class S3FIFO(EvictionPolicy):
     """
 
     name = "s3fifo"
+    hold_hooks = True  # a tier takes a block in use out of the queues (on_hold/on_release)
     params = param_table(
         small_fraction=fraction(0.1),
         ghost_fraction=non_negative(0.9),
@@ -62,6 +63,7 @@ class S3FIFO(EvictionPolicy):
         self._ghost_hit = False  # the last on_miss removed its key from the ghost
         self._version = 0
         self._plan: tuple[int, list[int], set[int]] | None = None
+        self._held: dict[int, bool] = {}  # key in use -> whether it was in S
 
     def on_miss(self, key: int, now: float = 0.0) -> None:
         """A ghost hit leaves the ghost now, before an eviction can push it out."""
@@ -88,10 +90,26 @@ class S3FIFO(EvictionPolicy):
         self.freq[key] = min(self.freq[key] + 1, 3)
 
     def on_remove(self, key: int) -> None:
-        """Forget ``key`` without a ghost entry."""
+        """Forget ``key`` (held or queued) without a ghost entry."""
         self._version += 1
         del self.freq[key]
-        del (self.small if key in self.small else self.main)[key]
+        if key in self._held:
+            del self._held[key]
+        else:
+            del (self.small if key in self.small else self.main)[key]
+
+    def on_hold(self, key: int) -> None:
+        """``key`` is in use again: out of its queue, its count and queue remembered."""
+        self._version += 1
+        in_small = key in self.small
+        del (self.small if in_small else self.main)[key]
+        self._held[key] = in_small
+
+    def on_release(self, key: int, now: float = 0.0) -> None:
+        """The use ended: back at the new end of its queue, the use counted as a hit."""
+        self._version += 1
+        (self.small if self._held.pop(key) else self.main).push(key)
+        self.freq[key] = min(self.freq[key] + 1, 3)
 
     def on_evict(self, key: int) -> None:
         """Apply the planned steps up to ``key``; a victim from S enters the ghost."""

@@ -285,6 +285,8 @@ class CostModel:
         Prefill-like (more than one new token) and decode sequences are separate kernels.
         """
         m, p = self.model, self.params
+        if not m.sliding_window and len(new_tokens) and (np.asarray(new_tokens) == 1).all():
+            return self._decode_attention_time(np.asarray(context, dtype=np.float64))
         new = np.asarray(new_tokens, dtype=np.float64)
         ctx = np.asarray(context, dtype=np.float64)
         if m.sliding_window:
@@ -304,6 +306,20 @@ class CostModel:
             total += max(f.sum() / p.attention_flops, t.sum() / p.memory_bandwidth)
             total += m.layers * p.attention_latency_s  # 0 unless calibrated
         return total
+
+    def _decode_attention_time(self, ctx: np.ndarray) -> float:
+        """:meth:`attention_time` of decodes only (one new token each), no sliding window.
+
+        NOTE: the same floating-point operations as the general path: with ``new == 1.0``,
+        ``new * (ctx + (new + 1.0) / 2.0)`` and ``ctx + new`` are both exactly ``ctx + 1.0``.
+        """
+        m, p = self.model, self.params
+        span = ctx + 1.0
+        flops = span * self.attention_flops_per_pair * m.layers
+        traffic = span * self.kv_bytes_per_token_layer * m.layers
+        total = 0.0
+        total += max(flops.sum() / p.attention_flops, traffic.sum() / p.memory_bandwidth)
+        return total + m.layers * p.attention_latency_s
 
     # --- a whole step -----------------------------------------------------------------------
 

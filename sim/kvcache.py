@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from policies.lru import LRU
 from policies.registry import make_eviction
+from policies.stamp_lru import StampLRU
 from sim.access import AccessModel
 from sim.blocks import DRAM, HBM, SSD, BlockTable
 from sim.config.run import RunConfig
@@ -119,6 +121,9 @@ class KvManager:
             rng=np.random.default_rng([self.config.seed, index]),
             cost=self._recompute_cost,
         )
+        if index == HBM and self.mode == "dram_centric" and type(policy) is LRU:
+            # NOTE: every step reads thousands of cached blocks: same order, cheaper touches
+            policy = StampLRU()
         return Tier(index, name, capacity, block_bytes, policy, self.table)
 
     def _recompute_cost(self, b: int) -> float:
@@ -171,13 +176,16 @@ class KvManager:
         if not self.prefix and not self.prefetch.active:
             self._release_unshared(rid)
             return
-        for b in reversed(self.blocks[rid]):
-            self.table.ref[b] -= 1
-            if self.table.ref[b] > 0:
-                continue
-            if self.prefix and self.table.hash[b]:
+        t = self.table
+        blocks = np.asarray(self.blocks[rid][::-1], dtype=np.int64)
+        t.ref[blocks] -= 1
+        dead = blocks[t.ref[blocks] <= 0]  # a request's blocks are distinct: tail first
+        cached = (t.hash[dead] != 0) if self.prefix else np.zeros(len(dead), dtype=bool)
+        resident = t.where[:, dead].T.tolist()  # each dead block touches only its own column
+        for b, keep, where in zip(dead.tolist(), cached.tolist(), resident, strict=True):
+            if keep:
                 for tier in self.tiers:
-                    if self.table.where[tier.index, b]:
+                    if where[tier.index]:
                         tier.make_evictable(b, now)
             else:
                 self._forget(b)
@@ -226,8 +234,26 @@ class KvManager:
             # an HBM slot is reused only after its copy left: that copy blocks the step
             link = "d2h" if tier.index == HBM else "ssd_write"
             self._copy(link, below.block_bytes, blocking=tier.index == HBM)
-        if not t.where[:, b].any() and t.ref[b] == 0:
+        where = t.where
+        if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
             t.drop(b)
+
+    def _demote_cached(self, victims: list[int]) -> None:
+        """:meth:`_demote` each of ``victims``, evicted from the HBM cache of ``dram_centric``."""
+        if self.mode != "dram_centric":
+            for b in victims:
+                self._demote(b, self.tiers[HBM])
+            return
+        t = self.table
+        ids = np.asarray(victims, dtype=np.int64)
+        ids = ids[t.owner[ids] >= 0]
+        if self.prefetch.active:
+            for b in ids.tolist():
+                self.prefetch.forget(b)
+        dirty = ids[t.dirty[ids]]
+        for _ in range(len(dirty)):  # one copy per block, as one at a time would add them
+            self._copy("d2h", self.tiers[DRAM].block_bytes, blocking=True)
+        t.dirty[dirty] = False
 
     def _insert(self, tier: Tier, b: int) -> bool:
         """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made."""
@@ -500,7 +526,7 @@ class KvManager:
             present = need[t.where[HBM, need]]
             self.prefetch.used(present)
             blocking.extend(self.prefetch.waits(present.tolist()))  # staged, still arriving
-        hbm.touch_many(need[t.where[HBM, need]].tolist(), now)
+        hbm.touch_many(need[t.where[HBM, need]], now)
         direct = self.config.kv.direct_read
         staging = 0.0 if direct else 2.0 * len(misses) * hbm.block_bytes / self.layers
         # NOTE: a fetch whose double buffer exceeds the HBM left streams through what is left
@@ -552,8 +578,23 @@ class KvManager:
     def _cache(
         self, hbm: Tier, blocks: np.ndarray, pinned: np.ndarray, dirty: bool = False
     ) -> None:
-        """Insert ``blocks`` into the HBM cache while room can be made from unpinned blocks."""
+        """Insert ``blocks`` into the HBM cache while room can be made from unpinned blocks.
+
+        NOTE: inserting the blocks one at a time, each evicting the oldest unpinned block,
+        evicts the same blocks as one eviction of all the room needed up front, as long as
+        the blocks resident before suffice (inserted ones are newer than all of them); the
+        rest, if any, goes one at a time.
+        """
         now = self.env.now
+        todo = blocks[~self.table.where[HBM, blocks]]
+        if len(todo) > 1 and len(np.unique(todo)) == len(todo):
+            short = len(todo) - hbm.free_slots
+            victims = hbm.evict(short, pinned)
+            self._demote_cached(victims)
+            fits = len(todo) - max(short - len(victims), 0)
+            hbm.add_evictable_many(todo[:fits], now)
+            self.table.dirty[todo[:fits]] = dirty
+            blocks = todo[fits:]
         for b in blocks.tolist():
             if self.table.where[HBM, b]:
                 continue

@@ -35,6 +35,10 @@ class Tier:
         self.held: set[int] = set()
         self._held_mask = np.zeros(0, dtype=bool)  # ``held`` as a pinned mask for victims()
         self._positions = hasattr(policy, "set_position")  # length-aware eviction
+        # held blocks leave the policy's order (re-inserted when their use ends): victims()
+        # then needs no held mask, and need not skip them
+        self._hooks = policy.hold_hooks
+        self._held_out = policy.access_is_insert or self._hooks
 
     @property
     def free_slots(self) -> int:
@@ -59,6 +63,22 @@ class Tier:
         self.resident += 1
         if evictable:
             self.make_evictable(b, now)
+
+    def add_evictable_many(self, blocks: np.ndarray, now: float) -> None:
+        """:meth:`add` each of ``blocks`` (distinct, none resident here) as evictable, in order."""
+        if self.resident + len(blocks) > self.capacity:
+            raise RuntimeError(
+                f"{self.name} tier full ({self.capacity} blocks): no room for {len(blocks)} more"
+            )
+        many = getattr(self.policy, "on_insert_many", None)
+        if many is None or self._positions:
+            for b in blocks.tolist():
+                self.add(b, now, evictable=True)
+            return
+        self.table.where[self.index, blocks] = True
+        self.resident += len(blocks)
+        self.evictable.update(blocks.tolist())
+        many(blocks, now)
 
     def add_pinned(self, blocks: list[int]) -> None:
         """:meth:`add` each of ``blocks`` as in use (not evictable)."""
@@ -98,7 +118,12 @@ class Tier:
             self.held.discard(b)
             self._held_mask[b] = False
             self.evictable.add(b)
-            self.policy.on_access(b, now)
+            if self._hooks:
+                self.policy.on_release(b, now)  # type: ignore[attr-defined]
+            elif self._held_out:
+                self.policy.on_insert(b, now)
+            else:
+                self.policy.on_access(b, now)
         elif b not in self.evictable:
             self.evictable.add(b)
             if self._positions:
@@ -110,6 +135,10 @@ class Tier:
         if b in self.evictable:
             self.evictable.discard(b)
             self.held.add(b)
+            if self._hooks:
+                self.policy.on_hold(b)  # type: ignore[attr-defined]
+            elif self._held_out:
+                self.policy.on_remove(b)
             if b >= len(self._held_mask):
                 grown = np.zeros(max(b + 1, 2 * len(self._held_mask), 1024), dtype=bool)
                 grown[: len(self._held_mask)] = self._held_mask
@@ -124,7 +153,8 @@ class Tier:
         elif b in self.held:
             self.held.discard(b)
             self._held_mask[b] = False
-            self.policy.on_remove(b)
+            if self._hooks or not self._held_out:
+                self.policy.on_remove(b)
 
     def _with_held(self, pinned: np.ndarray | None) -> np.ndarray:
         """``pinned`` (keys past its end unpinned) with the held blocks pinned too."""
@@ -141,7 +171,7 @@ class Tier:
         if b in self.evictable:
             self.policy.on_access(b, now)
 
-    def touch_many(self, blocks: list[int], now: float) -> None:
+    def touch_many(self, blocks: np.ndarray, now: float) -> None:
         """:meth:`touch` each of ``blocks`` (all resident here), in order."""
         evictable = self.evictable
         if not evictable:
@@ -149,10 +179,10 @@ class Tier:
         many = getattr(self.policy, "on_access_many", None)
         if many is not None:  # a policy that takes a step's accesses in one call
             every = len(evictable) == self.resident  # e.g. the HBM cache of dram_centric
-            many(blocks if every else [b for b in blocks if b in evictable], now)
+            many(blocks if every else [b for b in blocks.tolist() if b in evictable], now)
             return
         on_access = self.policy.on_access
-        for b in blocks:
+        for b in blocks.tolist():
             if b in evictable:
                 on_access(b, now)
 
@@ -160,12 +190,13 @@ class Tier:
         """Evict up to ``n`` evictable blocks chosen by the policy; returns them."""
         if n <= 0 or not self.evictable:
             return []
-        if self.held:
+        if self.held and not self._held_out:
             pinned = self._with_held(pinned)
         victims = self.policy.victims(min(n, len(self.evictable)), pinned)
+        self.evictable.difference_update(victims)
+        on_evict = self.policy.on_evict
         for b in victims:
-            self.evictable.discard(b)
-            self.policy.on_evict(b)
-            self.table.where[self.index, b] = False
-            self.resident -= 1
+            on_evict(b)
+        self.table.where[self.index, victims] = False
+        self.resident -= len(victims)
         return list(victims)

@@ -382,3 +382,18 @@ def test_a_held_block_is_never_a_victim_and_leaves_the_policy_when_removed():
     assert tier.available == 1 + 2 and tier.evict(1) == [b]
     tier.remove(a)
     assert a not in tier.held and tier.evict(5) == [c]
+
+
+def test_s3fifo_counts_each_use_of_a_held_block():
+    # S3-FIFO walks and re-queues pinned keys, so a tier takes a held block out of its queue
+    # (on_hold) and puts it back at the new end with the use counted (on_release): at the
+    # head of S the block reused twice is promoted to M, and the newer, unused c goes instead
+    tier, (a, b, c, *_) = _tier_with("s3fifo", capacity=40)  # S holds 4
+    tier.add(a, 0.0, evictable=True)
+    tier.add(b, 1.0, evictable=True)
+    for now in (2.0, 3.0):  # two uses: move_threshold 2, as in libCacheSim
+        tier.pin(a)
+        assert a not in tier.policy.small
+        tier.make_evictable(a, now)  # S: b, a
+    tier.add(c, 4.0, evictable=True)  # S: b, a, c
+    assert tier.evict(2) == [b, c]
