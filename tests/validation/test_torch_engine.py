@@ -151,18 +151,23 @@ def test_modes_produce_the_same_tokens():
     assert cached["no cache"] == cached["hbm"] == cached["offload"]
 
 
-@pytest.mark.parametrize(
-    ("mode", "pool", "budget"),
-    [("hbm", 40, 64), ("hbm", 12, 32), ("dram_centric", 4096, 64)],  # 12 blocks: preemptions
-)
-def test_engine_takes_the_simulators_steps(mode, pool, budget):
-    cfg = config(mode, pool, budget=budget, requests=8)
+def run_beside_the_simulator(cfg):
+    """The mini-engine and the simulator on one workload; asserts they took the same steps."""
     requests = build_requests(cfg.workload, cfg.seed, block_tokens=8)
     run = MiniEngine(cfg, requests).run()
     sim = simulate(cfg, requests)
     assert list(run.steps.batch_size) == list(sim.timeline.batch_size)
     assert list(run.steps.step_tokens) == list(sim.timeline.step_tokens)
     assert run.preemptions == sim.summary["preemptions"]
+    return run, sim
+
+
+@pytest.mark.parametrize(
+    ("mode", "pool", "budget"),
+    [("hbm", 40, 64), ("hbm", 12, 32), ("dram_centric", 4096, 64)],  # 12 blocks: preemptions
+)
+def test_engine_takes_the_simulators_steps(mode, pool, budget):
+    run, sim = run_beside_the_simulator(config(mode, pool, budget=budget, requests=8))
     if pool == 12:
         assert run.preemptions > 0
     # write-through moves exactly the new tokens' KV: 2 layers x K,V x 2 heads x 32 x 4 B each
@@ -176,13 +181,7 @@ def test_engine_takes_the_simulators_steps(mode, pool, budget):
     [("offload", 24, 2, 32), ("offload", 24, 4, 64), ("offload", 16, 1, 32), ("hbm", 16, 2, 32)],
 )
 def test_prefix_cache_takes_the_simulators_steps_and_moves_its_bytes(mode, pool, seqs, budget):
-    cfg = prefix_config(mode, pool, seqs=seqs, budget=budget)
-    requests = build_requests(cfg.workload, cfg.seed, block_tokens=8)
-    run = MiniEngine(cfg, requests).run()
-    sim = simulate(cfg, requests)
-    assert list(run.steps.batch_size) == list(sim.timeline.batch_size)
-    assert list(run.steps.step_tokens) == list(sim.timeline.step_tokens)
-    assert run.preemptions == sim.summary["preemptions"]
+    run, sim = run_beside_the_simulator(prefix_config(mode, pool, seqs=seqs, budget=budget))
     # the same blocks were written through or back, and loaded on host-pool hits
     assert run.steps.h2d_bytes.sum() == sim.summary["h2d_bytes"]
     assert run.steps.d2h_bytes.sum() == sim.summary["d2h_bytes"]
