@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import simpy
 from sim.blocks import DRAM, HBM, SSD
 from sim.config.run import RunConfig
 from sim.costmodel import cost_model_for
+from sim.decoderun import DecodeRuns
 from sim.invariants import attach as attach_invariants
 from sim.kvcache import KvManager, StepIO
 from sim.links import Links
@@ -59,6 +61,7 @@ class Engine:
         self.timeline = Timeline()
         self._wakeup = self.env.event()
         self._arrived = 0
+        self.next_arrival_s = 0.0  # the arrival process keeps it
         self._marks = [0.0] * 10
         self.stall_s = 0.0
         loaded = self.scheduler._loaded
@@ -68,6 +71,7 @@ class Engine:
             self._wake()
 
         self.kv.on_loaded = on_loaded
+        self.decode_runs = DecodeRuns(self)
         if config.engine.check:  # reliability hook: invariants after every step (sim/invariants.py)
             attach_invariants(self)
 
@@ -122,11 +126,14 @@ class Engine:
         times, starts = np.unique(arrival, return_index=True)
         bounds = [*starts.tolist(), len(arrival)]
         for i, at in enumerate(times.tolist()):
-            yield self.env.timeout(at - self.env.now)
+            delay = at - self.env.now
+            self.next_arrival_s = self.env.now + delay  # when SimPy will fire it
+            yield self.env.timeout(delay)
             for rid in range(bounds[i], bounds[i + 1]):
                 self.scheduler.add(rid)
             self._arrived = bounds[i + 1]
             self._wake()
+        self.next_arrival_s = math.inf
 
     def _steps(self):
         """The engine loop: schedule, move what the step needs, compute, apply."""
@@ -134,6 +141,9 @@ class Engine:
         while True:
             if not s.has_work and self._arrived == len(self.requests):
                 return
+            run = self.decode_runs.length()
+            if run >= 2 and (yield from self.decode_runs.run(run)):
+                continue
             batch = s.schedule(self.env.now) if s.has_work else None
             if batch is None or len(batch.ids) == 0:
                 if batch is not None and len(batch.preempted):

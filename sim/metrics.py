@@ -74,6 +74,21 @@ class Timeline:
         self._chunks[-1][self._fill] = self._row(row)
         self._fill += 1
 
+    def record_many(self, rows: int, **columns: float | np.ndarray) -> None:
+        """Append ``rows`` steps at once; a column is one value per row, or one for all."""
+        block = np.empty((rows, len(TIMELINE_COLUMNS)))
+        for i, value in enumerate(self._row(columns)):
+            block[:, i] = value
+        done = 0
+        while done < rows:
+            if self._fill == self.CHUNK_ROWS:
+                self._chunks.append(np.empty((self.CHUNK_ROWS, len(TIMELINE_COLUMNS))))
+                self._fill = 0
+            take = min(rows - done, self.CHUNK_ROWS - self._fill)
+            self._chunks[-1][self._fill : self._fill + take] = block[done : done + take]
+            self._fill += take
+            done += take
+
     def __len__(self) -> int:
         return (len(self._chunks) - 1) * self.CHUNK_ROWS + self._fill if self._chunks else 0
 
