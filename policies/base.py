@@ -128,6 +128,16 @@ class EvictionPolicy(ABC):
         """Forget ``key``: the pool evicted it, as the last ``victims()`` call proposed."""
         self.on_remove(key)
 
+    def on_remove_many(self, keys: Sequence[int]) -> None:
+        """:meth:`on_remove` each of ``keys``, in order (a policy may do it in one go)."""
+        for key in keys:
+            self.on_remove(key)
+
+    def on_evict_many(self, keys: Sequence[int]) -> None:
+        """:meth:`on_evict` each of ``keys``, in order (a policy may do it in one go)."""
+        for key in keys:
+            self.on_evict(key)
+
     def on_miss(self, key: int, now: float = 0.0) -> None:  # noqa: B027  # optional hook
         """A lookup of ``key`` missed; called before ``victims()`` makes room for it."""
 

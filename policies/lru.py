@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +29,12 @@ class LRU(EvictionPolicy):
         """``key`` is now the most recent."""
         self._order[key] = None
 
+    def on_insert_many(self, keys: np.ndarray | list[int], now: float = 0.0) -> None:
+        """:meth:`on_insert` each of ``keys``, in order."""
+        order = self._order
+        for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
+            order[key] = None
+
     def on_access(self, key: int, now: float = 0.0) -> None:
         """``key`` is now the most recent."""
         self._order.move_to_end(key)
@@ -41,6 +48,14 @@ class LRU(EvictionPolicy):
     def on_remove(self, key: int) -> None:
         """Forget ``key``."""
         del self._order[key]
+
+    def on_remove_many(self, keys: Sequence[int]) -> None:
+        """Forget each of ``keys``."""
+        order = self._order
+        for key in keys:
+            del order[key]
+
+    on_evict_many = on_remove_many
 
     def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
         """The least recently used unpinned keys."""

@@ -5,6 +5,10 @@ score. Each step a fraction ``drift`` of a sequence's middle blocks draw a fresh
 (``drift_kind: redraw``), or every middle score takes a Gaussian step of size ``drift``
 (``walk``: attention shifts gradually, so the next hot set is partly predictable), so the
 hot set drifts over time. Every draw comes from the run's seeded Generator.
+
+A step's sparse decodes go through :meth:`AccessModel.decode_blocks_many`: the same results,
+heat and draws as :meth:`AccessModel.decode_blocks` one sequence after another, in a few
+numpy calls over all of them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from sim.config.kv import FullAccess, SparseAccess
 
 
 class AccessModel:
-    """Picks the blocks one decode step of one sequence reads."""
+    """Picks the blocks a decode step of one sequence (or of a step's batch) reads."""
 
     def __init__(self, spec: FullAccess | SparseAccess, rng: np.random.Generator):
         self.spec = spec
@@ -60,3 +64,177 @@ class AccessModel:
             heat[redraw] = self.rng.random(len(redraw))
         hot = middle[np.argpartition(-heat[middle], k - 1)[:k]] if k else middle[:0]
         return np.concatenate((blocks[:sink], np.sort(hot), blocks[window_start:]))
+
+    def decode_blocks_many(self, seqs: list[np.ndarray], heat: np.ndarray) -> list[np.ndarray]:
+        """:meth:`decode_blocks` of each of a step's sequences, in order, in a few numpy calls.
+
+        The same read sets, ``heat`` and generator state as the plain loop: the redraw draws
+        of all sequences come from one buffer, a later sequence sees an earlier one's new
+        score of a shared block, and each top-k is the same set. ``drift_kind: walk`` (its
+        normals take a variable number of draws) and bit generators other than PCG64 keep
+        the loop.
+        """
+        spec = self.spec
+        if not self.sparse or (spec.drift > 0 and not self._batch_draws()):
+            return [self.decode_blocks(b, heat) for b in seqs]
+        assert isinstance(spec, SparseAccess)
+        n = np.array([len(b) for b in seqs], dtype=np.int64)
+        sink = np.minimum(spec.sink_blocks, n)
+        start = np.maximum(sink, n - spec.window_blocks)
+        if spec.topk_fraction is not None:
+            k = np.ceil(spec.topk_fraction * n).astype(np.int64)
+        else:
+            k = np.full(len(n), spec.topk_blocks or 0, dtype=np.int64)
+        picked = np.flatnonzero(k < start - sink)  # the rest read every block, and draw none
+        out = list(seqs)
+        if not len(picked):
+            return out
+        sink, start, k = sink[picked], start[picked], k[picked]
+        sinks, starts = sink.tolist(), start.tolist()
+        mid = np.concatenate(
+            [seqs[i][a:b] for i, a, b in zip(picked.tolist(), sinks, starts, strict=True)]
+        )
+        hots = self._hot_sets(mid, start - sink, k, heat)
+        for i, a, b, hot in zip(picked.tolist(), sinks, starts, hots, strict=True):
+            out[i] = np.concatenate((seqs[i][:a], hot, seqs[i][b:]))
+        return out
+
+    def _batch_draws(self) -> bool:
+        """Whether a step's redraw draws can come from one buffer (then rewound exactly)."""
+        # random() takes exactly one 64-bit output of PCG64, and PCG64 can advance
+        drift_kind = self.spec.drift_kind  # type: ignore[union-attr]
+        return drift_kind == "redraw" and isinstance(self.rng.bit_generator, np.random.PCG64)
+
+    def _hot_sets(
+        self, mid: np.ndarray, lengths: np.ndarray, k: np.ndarray, heat: np.ndarray
+    ) -> list[np.ndarray]:
+        """Redraw (as the loop would) and pick the top-k ids of each middle of ``mid``.
+
+        ``mid`` holds the middles, ``lengths`` each. A threshold keeps a little more than
+        ``k`` of each middle (scores are uniform in [0, 1)) for :func:`_top_sets`.
+        """
+        bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        seen = self._scores_seen(mid, bounds, heat)
+        threshold = np.where(k > 0, 1.0 - (k + 4 * np.sqrt(k) + 8) / lengths, np.inf)
+        kept = np.flatnonzero(seen >= np.repeat(threshold, lengths))
+        return _top_sets(mid, seen, kept, bounds, k)
+
+    def _scores_seen(self, mid: np.ndarray, bounds: np.ndarray, heat: np.ndarray) -> np.ndarray:
+        """Each element's score when its sequence takes its top-k; ``heat`` ends as the loop's.
+
+        Middle by middle (``bounds`` in ``mid``), as the loop: its new scores go into
+        ``heat``, then it reads its scores, so a later middle sees an earlier one's redraws
+        of a block they share. Two numpy calls a middle; the draws are made in one.
+        """
+        if not self.spec.drift > 0:  # type: ignore[union-attr]
+            return heat.take(mid)
+        redrawn, scores = self._draws(np.diff(bounds))
+        ids = mid[redrawn]
+        cuts = np.searchsorted(redrawn, bounds).tolist()
+        seen = np.empty(len(mid), dtype=heat.dtype)
+        at = bounds.tolist()
+        for i in range(len(at) - 1):
+            heat[ids[cuts[i] : cuts[i + 1]]] = scores[cuts[i] : cuts[i + 1]]
+            heat.take(mid[at[i] : at[i + 1]], out=seen[at[i] : at[i + 1]])
+        return seen
+
+    def _draws(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions (in the concatenated middles) the loop would redraw, and their scores.
+
+        One buffer of doubles stands for the loop's draws: per middle, a test each, then a
+        score per redraw. The generator ends as after the loop.
+        """
+        drift = self.spec.drift  # type: ignore[union-attr]
+        bitgen = self.rng.bit_generator
+        saved = bitgen.state
+        total = int(lengths.sum())
+        buf = self.rng.random(_first_draws(total, drift))
+        hit = buf < drift
+        tests, scores, pos = [], [], 0
+        for m in lengths.tolist():
+            end = pos + m
+            while end > len(buf) or end + (r := int(np.count_nonzero(hit[pos:end]))) > len(buf):
+                more = self.rng.random(total // 4 + m + 64)  # the draws that follow buf's
+                buf, hit = np.concatenate((buf, more)), np.concatenate((hit, more < drift))
+            tests.append(hit[pos:end])
+            scores.append(buf[end : end + r])
+            pos = end + r
+        _rewind(bitgen, saved, pos)
+        return np.flatnonzero(np.concatenate(tests)), np.concatenate(scores)
+
+
+def _first_draws(tests: int, drift: float) -> int:
+    """Doubles drawn at first for ``tests`` tests: enough but for a rare step (then more)."""
+    return tests + int(1.1 * drift * tests) + 64
+
+
+def _rewind(bitgen: np.random.BitGenerator, saved: dict, used: int) -> None:
+    """Put ``bitgen`` where ``used`` doubles after ``saved`` leave it (keeping a half word)."""
+    bitgen.state = saved
+    bitgen.advance(used)  # type: ignore[attr-defined]
+    if saved["has_uint32"]:  # advance drops the buffered half word; random() keeps it
+        state = bitgen.state
+        state["has_uint32"], state["uinteger"] = saved["has_uint32"], saved["uinteger"]
+        bitgen.state = state
+
+
+def _top_sets(
+    mid: np.ndarray,
+    seen: np.ndarray,
+    kept: np.ndarray,
+    bounds: np.ndarray,
+    k: np.ndarray,
+) -> list[np.ndarray]:
+    """Sorted ids of the ``k`` highest-``seen`` elements of each middle (``bounds`` in ``mid``).
+
+    The same sets as ``argpartition`` per middle, given ``kept``: the elements at or above
+    their middle's threshold. When a middle's k-th highest kept score is above the next
+    one, its set is among its kept elements; otherwise (the threshold kept fewer than k, or
+    a tie at the k-th score) the middle takes the per-middle path.
+    """
+    counts = np.diff(np.searchsorted(kept, bounds))
+    kth, below = _kth_scores(seen[kept], counts, k)
+    ok = kth > below  # minus infinity where a middle kept fewer than k
+    chosen = kept[seen[kept] >= np.repeat(np.where(ok, kth, np.inf), counts)]
+    rows = _sorted_rows(mid[chosen], np.where(ok, k, 0), int(k.max()))
+    return [
+        row[:n] if good else _top_set(mid[a:b], seen[a:b], n)
+        for row, n, good, a, b in zip(
+            rows, k.tolist(), ok.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+        )
+    ]
+
+
+def _kth_scores(
+    values: np.ndarray, counts: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment's ``k``-th highest of ``values`` (``counts`` each, in order), and the next.
+
+    One row-wise sort of a grid, a row per segment padded with minus infinity, finds them;
+    the k-th is infinity where ``k`` is 0, and minus infinity where a segment has fewer.
+    """
+    width = int(counts.max()) + 1
+    grid = np.full((len(k), width), -np.inf)
+    base = np.arange(len(k)) * width - (np.cumsum(counts) - counts)
+    grid.ravel()[np.repeat(base, counts) + np.arange(len(values))] = values
+    grid.sort(axis=1)  # a vectorised sort of short rows beats a partition
+    rows, at = np.arange(len(k)), np.clip(width - k, 1, width - 1)
+    fits = counts >= k
+    kth = np.where(k > 0, np.where(fits, grid[rows, at], -np.inf), np.inf)
+    return kth, np.where(fits, grid[rows, at - 1], -np.inf)
+
+
+def _sorted_rows(ids: np.ndarray, counts: np.ndarray, width: int) -> np.ndarray:
+    """``ids`` (``counts`` per segment, in order) as rows sorted ascending, padded."""
+    rows = np.full((len(counts), width), np.iinfo(ids.dtype).max, dtype=ids.dtype)
+    base = np.arange(len(counts)) * width - (np.cumsum(counts) - counts)
+    rows.ravel()[np.repeat(base, counts) + np.arange(len(ids))] = ids
+    rows.sort(axis=1)
+    return rows
+
+
+def _top_set(middle: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Sorted ids of ``middle`` with the ``k`` highest ``scores``, as :meth:`decode_blocks`."""
+    hot = middle[np.argpartition(-scores, k - 1)[:k]] if k else middle[:0]
+    return np.sort(hot)

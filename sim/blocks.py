@@ -97,11 +97,15 @@ class BlockTable:
     def drop_many(self, blocks: np.ndarray) -> None:
         """:meth:`drop` each of ``blocks`` in order (none of them in a tier or referenced)."""
         hashes = self.hash[blocks]
-        for b in blocks[hashes != NO_HASH].tolist() if hashes.any() else ():
-            h = int(self.hash[b])
-            if self.index.get(h) == b:
-                del self.index[h]
-                self.index_version += 1
+        if hashes.any():
+            named = hashes != NO_HASH
+            index, keys, ids = self.index, hashes[named].tolist(), blocks[named].tolist()
+            owners = list(map(index.get, keys))  # all before any goes: as one at a time
+            if owners != ids:  # not every hash is its block's (the usual case is)
+                keys = [h for h, b, o in zip(keys, ids, owners, strict=True) if o == b]
+            for h in keys:
+                del index[h]
+            self.index_version += len(keys)
         self.hash[blocks] = NO_HASH
         self.owner[blocks] = -1
         self._free_ids.extend(blocks.tolist())
@@ -112,6 +116,25 @@ class BlockTable:
             self.hash[b] = block_hash
             self.index[block_hash] = b
             self.index_version += 1
+
+    def register_many(self, blocks: list[int], hashes: np.ndarray) -> None:
+        """:meth:`register` each of ``blocks`` (distinct) under its ``hashes`` entry, in order."""
+        index, keys = self.index, hashes.tolist()
+        if NO_HASH not in keys and index.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+            index.update(zip(keys, blocks, strict=True))  # every one is new: all register
+            self.hash[blocks] = hashes
+            self.index_version += len(keys)
+            return
+        ids: list[int] = []
+        at: list[int] = []
+        for i, (b, h) in enumerate(zip(blocks, keys, strict=True)):
+            if h != NO_HASH and h not in index:
+                index[h] = b
+                ids.append(b)
+                at.append(i)
+        if ids:
+            self.hash[ids] = hashes[at]
+            self.index_version += len(ids)
 
     def drop(self, b: int) -> None:
         """The block left every tier and no request uses it: forget it, recycle its id."""

@@ -15,6 +15,7 @@ Modes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import simpy
@@ -32,6 +33,14 @@ from sim.tiers import Tier
 from sim.workload.requests import Requests
 
 PREFIX_MEMO = 64  # requests whose prefix lookups are memoised (per block-index version)
+FEW_VICTIMS = 8  # victims demoted one at a time (cheaper than arrays for so few)
+
+
+def _distinct(ids: np.ndarray) -> bool:
+    """Whether ``ids`` has no repeats (a quick test first: increasing ids are distinct)."""
+    if bool((ids[1:] > ids[:-1]).all()):
+        return True
+    return len(set(ids.tolist())) == len(ids)
 
 
 @dataclass
@@ -148,10 +157,8 @@ class KvManager:
         """
         spare = self.prefetch.spare
         if spare is not None and pinned is None and tier.index == HBM:
-            for b in tier.evict(n - tier.free_slots, spare):
-                self._demote(b, tier)
-        for b in tier.evict(n - tier.free_slots, pinned):
-            self._demote(b, tier)
+            self._demote_many(tier.evict(n - tier.free_slots, spare), tier)
+        self._demote_many(tier.evict(n - tier.free_slots, pinned), tier)
 
     def allocate(self, rid: int, tokens: int) -> None:
         """Give ``rid`` blocks for ``tokens`` tokens in the home tier."""
@@ -181,14 +188,14 @@ class KvManager:
         t.ref[blocks] -= 1
         dead = blocks[t.ref[blocks] <= 0]  # a request's blocks are distinct: tail first
         cached = (t.hash[dead] != 0) if self.prefix else np.zeros(len(dead), dtype=bool)
-        resident = t.where[:, dead].T.tolist()  # each dead block touches only its own column
-        for b, keep, where in zip(dead.tolist(), cached.tolist(), resident, strict=True):
-            if keep:
-                for tier in self.tiers:
-                    if where[tier.index]:
-                        tier.make_evictable(b, now)
+        # NOTE: a dead block touches only its own column and each tier's policy; runs of
+        # kept (or dropped) blocks in a row keep every tier's calls in the same order
+        edges = np.flatnonzero(cached[1:] != cached[:-1]) + 1 if len(dead) else []
+        for start, end in pairwise([0, *edges, len(dead)] if len(dead) else []):
+            if cached[start]:
+                self._keep_cached(dead[start:end], now)
             else:
-                self._forget(b)
+                self._forget_many(dead[start:end])
         self.blocks[rid] = []
         self.held[rid] = 0
         self.registered[rid] = 0
@@ -205,6 +212,23 @@ class KvManager:
         self.blocks[rid] = []
         self.held[rid] = 0
         self.registered[rid] = 0
+
+    def _keep_cached(self, blocks: np.ndarray, now: float) -> None:
+        """Dead hashed ``blocks`` (distinct) stay cached: evictable in each tier holding them."""
+        where = self.table.where
+        for tier in self.tiers:
+            here = blocks[where[tier.index, blocks]]
+            if len(here):
+                tier.make_evictable_many(here, now)
+
+    def _forget_many(self, blocks: np.ndarray) -> None:
+        """:meth:`_forget` each of ``blocks`` (distinct), in order."""
+        if self.prefetch.active:
+            for b in blocks.tolist():
+                self.prefetch.forget(b)
+        for tier in self.tiers:
+            tier.remove_many(blocks)
+        self.table.drop_many(blocks)
 
     def _forget(self, b: int) -> None:
         if self.prefetch.active:
@@ -237,6 +261,61 @@ class KvManager:
         where = t.where
         if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
             t.drop(b)
+
+    def _demote_many(self, victims: list[int], tier: Tier) -> None:
+        """:meth:`_demote` each of ``victims`` (just evicted from ``tier``), in order.
+
+        NOTE: while the tier below has a free slot for each copy going down, no demotion
+        evicts there, so none changes another victim's state: those victims go in bulk; from
+        the first copy that would have to evict on, one at a time.
+        """
+        if not victims:
+            return
+        if tier.index == HBM and self.mode == "dram_centric":
+            self._demote_cached(victims)
+            return
+        if len(victims) <= FEW_VICTIMS:
+            for b in victims:
+                self._demote(b, tier)
+            return
+        t = self.table
+        ids = np.asarray(victims, dtype=np.int64)
+        ids = ids[t.owner[ids] >= 0]
+        below = self.tiers[tier.index + 1] if tier.index < SSD else None
+        down = np.zeros(len(ids), dtype=bool)
+        if self.prefix and self.mode != "hbm" and below is not None and below.available >= 1:
+            down = (t.hash[ids] != 0) & (t.ref[ids] == 0) & ~t.where[below.index, ids]
+        cut = len(ids)
+        going = np.flatnonzero(down)
+        if below is not None and len(going) > below.free_slots:
+            cut = int(going[below.free_slots])
+        self._demote_bulk(ids[:cut], down[:cut], tier, below)
+        for b in ids[cut:].tolist():
+            self._demote(b, tier)
+
+    def _demote_bulk(
+        self, ids: np.ndarray, down: np.ndarray, tier: Tier, below: Tier | None
+    ) -> None:
+        """:meth:`_demote` ``ids`` in bulk: ``down`` ones get a copy below, with no eviction."""
+        t = self.table
+        if tier.index == HBM and self.prefetch.active:
+            for b in ids.tolist():
+                self.prefetch.forget(b)
+        if tier is self.home and self.mode == "dram_centric":
+            self.tiers[HBM].remove_many(ids)  # HBM caches DRAM: blocks leaving home leave it
+        if below is not None and down.any():
+            going = ids[down]
+            below.add_evictable_many(going, self.env.now)
+            # the same float sums as one copy per block
+            key = ("d2h" if tier.index == HBM else "ssd_write", tier.index == HBM)
+            total = self._copies.get(key, 0.0)
+            for _ in range(len(going)):
+                total += below.block_bytes
+            self._copies[key] = total
+        where = t.where
+        gone = ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids]) & (t.ref[ids] == 0)
+        if gone.any():
+            t.drop_many(ids[gone])
 
     def _demote_cached(self, victims: list[int]) -> None:
         """:meth:`_demote` each of ``victims``, evicted from the HBM cache of ``dram_centric``."""
@@ -347,10 +426,12 @@ class KvManager:
 
     def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
         """Home-tier blocks admitting ``rid`` with ``hits`` and ``tokens`` computed would take."""
-        home = self.table.where[self.home.index]
         new = max(-(-tokens // self.bt) - len(hits), 0)
-        taken = sum(1 for b, _ in hits if b in self.home.evictable)
-        elsewhere = sum(1 for b, _ in hits if not home[b])
+        if not hits:
+            return new
+        ids = [b for b, _ in hits]
+        taken = sum(map(self.home.evictable.__contains__, ids))
+        elsewhere = len(ids) - int(np.count_nonzero(self.table.where[self.home.index, ids]))
         return new + taken + elsewhere
 
     def take(self, rid: int, hits: list[tuple[int, int]]) -> bool:
@@ -360,15 +441,7 @@ class KvManager:
         c = self.counters
         c.lookup_blocks += min(len(self.hashes[rid]), (int(self.prompt[rid]) - 1) // self.bt)
         now = self.env.now
-        loads: list[int] = []
-        for b, tier in hits:
-            c.hits[tier] += 1
-            self.table.ref[b] += 1
-            if tier == self.home.index or self.table.where[self.home.index, b]:
-                self.home.pin(b)
-                self.home.touch(b, now)
-            else:
-                loads.append(b)
+        loads = self._reference(hits)
         on_ssd = [b for b in loads if not self.table.where[DRAM, b]]
         sources = self._pin_sources(loads)
         self._make_room(self.home, len(loads))
@@ -388,6 +461,25 @@ class KvManager:
             self.loads_in_flight += 1
             self.env.process(self._load(rid, loads, on_ssd, sources, waits))
         return bool(loads or waits)
+
+    def _reference(self, hits: list[tuple[int, int]]) -> list[int]:
+        """Count and reference the hit blocks, pin those at home; returns the others.
+
+        NOTE: one at a time, each home block was pinned then touched; a touch after a pin
+        does nothing (a pinned block is not evictable), so pinning them all is the same.
+        """
+        if not hits:
+            return []
+        c, t, home = self.counters, self.table, self.home
+        ids = [b for b, _ in hits]
+        tiers = [tier for _, tier in hits]
+        for i in range(len(c.hits)):
+            c.hits[i] += tiers.count(i)
+        at = np.asarray(ids, dtype=np.int64)
+        np.add.at(t.ref, at, 1)
+        at_home = (np.asarray(tiers) == home.index) | t.where[home.index, at]
+        home.pin_many(at[at_home].tolist())
+        return at[~at_home].tolist()
 
     def _pin_sources(self, blocks: list[int]) -> list[tuple[Tier, int]]:
         """Pin the lower-tier copy each load reads (DRAM, else SSD), so that making room
@@ -433,17 +525,31 @@ class KvManager:
         """Make ``rid``'s newly completed prompt blocks findable (and write them through)."""
         if not self.prefix:
             return
-        hashes = self.hashes[rid]
-        full = min(computed // self.bt, len(hashes), len(self.blocks[rid]))
-        offload_through = self.mode == "offload" and self.config.kv.write_policy == "write_through"
-        for i in range(int(self.registered[rid]), full):
-            b = self.blocks[rid][i]
+        hashes, start = self.hashes[rid], int(self.registered[rid])
+        if start >= len(hashes):  # the usual call, once its hashed blocks are all registered
+            return
+        blocks = self.blocks[rid]
+        full = min(computed // self.bt, len(hashes), len(blocks))
+        if full <= start:
+            return
+        if self.mode == "offload" and self.config.kv.write_policy == "write_through":
+            self._register_through(blocks, hashes, start, full)
+        else:
+            self.table.register_many(blocks[start:full], hashes[start:full])
+        self.registered[rid] = full
+
+    def _register_through(
+        self, blocks: list[int], hashes: np.ndarray, start: int, end: int
+    ) -> None:
+        """Register ``blocks[start:end]`` one at a time, each written through to DRAM (whose
+        evictions may drop a block and so free its hash for the next one)."""
+        for i in range(start, end):
+            b = blocks[i]
             self.table.register(b, int(hashes[i]))
-            if offload_through and not self.table.where[DRAM, b] and self.table.hash[b]:
+            if not self.table.where[DRAM, b] and self.table.hash[b]:
                 dram = self.tiers[DRAM]
                 if self._insert(dram, b):
                     self._copy("d2h", dram.block_bytes, blocking=False)
-        self.registered[rid] = max(int(self.registered[rid]), full)
 
     def hint_upcoming(self, waiting: list[int]) -> None:
         """Tell scheduler-aware policies which cached blocks the next waiting requests reuse."""
@@ -459,16 +565,18 @@ class KvManager:
     def _read_sets(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray):
         """Blocks each sequence's attention reads, and the tokens it attends (sparse shrinks it)."""
         attended = context.copy()
-        reads = []
-        heat = self.table.heat
-        for i, (rid, ctx, n) in enumerate(
-            zip(ids.tolist(), context.tolist(), new.tolist(), strict=True)
-        ):
-            blocks = self._block_array(rid, -(-ctx // self.bt))
-            if self.access.sparse and n == 1 and ctx >= self.prompt[rid]:
-                blocks = self.access.decode_blocks(blocks, heat)
-                attended[i] = min(ctx, len(blocks) * self.bt)
-            reads.append(blocks)
+        reads, decode = [], []
+        sparse = self.access.sparse
+        ctxs = context.tolist()
+        for i, (rid, ctx, n) in enumerate(zip(ids.tolist(), ctxs, new.tolist(), strict=True)):
+            reads.append(self._block_array(rid, -(-ctx // self.bt)))
+            if sparse and n == 1 and ctx >= self.prompt[rid]:
+                decode.append(i)
+        if decode:  # all of the step's sparse decodes in one batch, in batch order
+            picked = self.access.decode_blocks_many([reads[i] for i in decode], self.table.heat)
+            for i, blocks in zip(decode, picked, strict=True):
+                reads[i] = blocks
+                attended[i] = min(ctxs[i], len(blocks) * self.bt)
         return reads, attended
 
     def _block_array(self, rid: int, n: int) -> np.ndarray:
@@ -571,8 +679,7 @@ class KvManager:
         for mask in (pinned, None):
             if over <= 0:
                 return
-            for b in hbm.evict(over, mask):
-                self._demote(b, hbm)
+            self._demote_many(hbm.evict(over, mask), hbm)
             over = hbm.resident - hbm.capacity
 
     def _cache(
@@ -587,7 +694,7 @@ class KvManager:
         """
         now = self.env.now
         todo = blocks[~self.table.where[HBM, blocks]]
-        if len(todo) > 1 and len(np.unique(todo)) == len(todo):
+        if len(todo) > 1 and _distinct(todo):
             short = len(todo) - hbm.free_slots
             victims = hbm.evict(short, pinned)
             self._demote_cached(victims)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import filterfalse
+
 import numpy as np
 
 from policies.base import EvictionPolicy
@@ -100,8 +102,14 @@ class Tier:
         where = self.table.where[self.index]
         here = blocks[where[blocks]]
         if self.evictable or self.held:
-            for b in here.tolist():
-                self._forget(b)
+            keys = here.tolist()
+            if self.held.isdisjoint(keys):  # each one evictable or unknown to the policy
+                gone = list(filter(self.evictable.__contains__, keys))
+                self.evictable.difference_update(gone)
+                self.policy.on_remove_many(gone)
+            else:
+                for b in keys:
+                    self._forget(b)
         where[here] = False
         self.resident -= len(here)
 
@@ -129,6 +137,50 @@ class Tier:
             if self._positions:
                 self.policy.set_position(b, int(self.table.position[b]))  # type: ignore[attr-defined]
             self.policy.on_insert(b, now)
+
+    def make_evictable_many(self, blocks: np.ndarray, now: float) -> None:
+        """:meth:`make_evictable` each of ``blocks`` (distinct), in order.
+
+        In one policy call where each would insert: a policy with ``on_insert_many`` that
+        takes held blocks out of its order (or none is held), and no length-aware one.
+        """
+        many = getattr(self.policy, "on_insert_many", None)
+        keys = blocks.tolist()
+        held = list(self.held.intersection(keys)) if self.held else []
+        if many is None or self._positions or self._hooks or (held and not self._held_out):
+            for b in keys:
+                self.make_evictable(b, now)
+            return
+        if held:
+            self.held.difference_update(held)
+            self._held_mask[held] = False
+        new = list(filterfalse(self.evictable.__contains__, keys))  # held ones are not in it
+        if new:
+            self.evictable.update(new)
+            many(np.asarray(new, dtype=np.int64), now)
+
+    def pin_many(self, blocks: list[int]) -> None:
+        """:meth:`pin` each of ``blocks`` (distinct), in order."""
+        evictable = self.evictable
+        taken = [b for b in blocks if b in evictable]
+        if not taken:
+            return
+        evictable.difference_update(taken)
+        self.held.update(taken)
+        if self._hooks:
+            for b in taken:
+                self.policy.on_hold(b)  # type: ignore[attr-defined]
+        elif self._held_out:
+            self.policy.on_remove_many(taken)
+        size = len(self._held_mask)
+        if max(taken) >= size:
+            for b in taken:  # the size one pin at a time grows it to
+                if b >= size:
+                    size = max(b + 1, 2 * size, 1024)
+            grown = np.zeros(size, dtype=bool)
+            grown[: len(self._held_mask)] = self._held_mask
+            self._held_mask = grown
+        self._held_mask[taken] = True
 
     def pin(self, b: int) -> None:
         """``b`` may not be evicted while in use; a known block stays known (``held``)."""
@@ -194,9 +246,7 @@ class Tier:
             pinned = self._with_held(pinned)
         victims = self.policy.victims(min(n, len(self.evictable)), pinned)
         self.evictable.difference_update(victims)
-        on_evict = self.policy.on_evict
-        for b in victims:
-            on_evict(b)
+        self.policy.on_evict_many(victims)
         self.table.where[self.index, victims] = False
         self.resident -= len(victims)
         return list(victims)
