@@ -341,20 +341,21 @@ class CostModel:
         checks): the roofline's per-step sums are row sums of one 2-D array.
         """
         n = len(context)
-        first = self.step(np.ones(n, dtype=np.int64), context, n)
         vectorised = (
             type(self).attention_time is CostModel.attention_time and not self.model.sliding_window
         )
         if not vectorised:  # another attention model (measured tables): one call a step
-            grown = [context + j for j in range(1, steps)]
-            rest = [self.step(np.ones(n, dtype=np.int64), c, n).attention_s for c in grown]
-            return first.linear_s, np.array([first.attention_s, *rest]), first.overhead_s
+            ones = np.ones(n, dtype=np.int64)
+            costs = [self.step(ones, context + j, n) for j in range(steps)]
+            attention = np.array([c.attention_s for c in costs])
+            return costs[0].linear_s, attention, costs[0].overhead_s
         m, p = self.model, self.params
         span = (context[None, :] + np.arange(steps)[:, None]).astype(np.float64) + 1.0
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)
         traffic = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1)
         attention = np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth)
-        return first.linear_s, attention + m.layers * p.attention_latency_s, first.overhead_s
+        overhead = p.step_overhead_s + m.layers * p.layer_overhead_s  # as step() has it
+        return self.linear_time(n, n), attention + m.layers * p.attention_latency_s, overhead
 
     def prefill_time(self, prompt_tokens: int, cached: int = 0) -> float:
         """One sequence's prefill (one chunk, ``cached`` tokens already in KV)."""

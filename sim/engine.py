@@ -142,7 +142,7 @@ class Engine:
             if not s.has_work and self._arrived == len(self.requests):
                 return
             run = self.decode_runs.length()
-            if run >= 2 and (yield from self.decode_runs.run(run)):
+            if run and (yield from self.decode_runs.run(run)):
                 continue
             batch = s.schedule(self.env.now) if s.has_work else None
             if batch is None or len(batch.ids) == 0:
