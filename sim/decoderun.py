@@ -133,7 +133,8 @@ class DecodeRuns:
         """Prompt blocks completed by a step become findable (as ``Scheduler.complete``)."""
         kv = self.engine.kv
         bt = self.engine.config.engine.block_tokens
-        grown = np.flatnonzero(computed // bt > kv.registered[ids])
+        full = np.minimum(computed // bt, kv.hashed_blocks[ids])
+        grown = np.flatnonzero(full > kv.registered[ids])
         for rid, tokens in zip(ids[grown].tolist(), computed[grown].tolist(), strict=True):
             kv.register(rid, tokens)
 

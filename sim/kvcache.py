@@ -89,6 +89,8 @@ class KvManager:
                 np.concatenate((p, o))
                 for p, o in zip(self.hashes, requests.output_hashes, strict=True)
             ]
+        # blocks of each request that can ever be registered (its hashes)
+        self.hashed_blocks = np.array([len(h) for h in self.hashes or ()], dtype=np.int64)
         self.prompt = requests.prompt_tokens
         dram_capacity = (
             kv.dram_capacity if kv.dram_capacity is not None else config.hardware.dram.capacity
