@@ -31,6 +31,18 @@ BASE = {
 }
 
 
+def synthetic(n: int, prompt, output, rate: float = 8.0, shared: int = 0) -> dict:
+    """A synthetic workload section: ``n`` Poisson requests of these lengths."""
+    return {
+        "kind": "synthetic",
+        "num_requests": n,
+        "arrival": {"kind": "poisson", "rate": rate},
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "shared_prefix_tokens": shared,
+    }
+
+
 def make_config(*overrides: str, **sections: dict) -> RunConfig:
     """The base config with whole sections replaced and ``--set``-style overrides."""
     data = copy.deepcopy(BASE)

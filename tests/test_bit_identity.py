@@ -28,6 +28,7 @@ import pytest
 from sim.config import RunConfig, build_config
 from sim.engine import simulate
 from sim.rundir import write_run
+from tests.conftest import synthetic
 
 GOLDEN = Path(__file__).parent / "data" / "golden_digests.json"
 REGEN = os.environ.get("KVSIM_REGEN_GOLDEN") == "1"
@@ -47,17 +48,6 @@ def make_config(*overrides: str, **sections: dict) -> RunConfig:
     data = copy.deepcopy(BASE)
     data.update(copy.deepcopy(sections))
     return build_config(data, "<bit-identity>", overrides)
-
-
-def _synthetic(n: int, prompt, output, rate: float = 8.0, shared: int = 0) -> dict:
-    return {
-        "kind": "synthetic",
-        "num_requests": n,
-        "arrival": {"kind": "poisson", "rate": rate},
-        "prompt_tokens": prompt,
-        "output_tokens": output,
-        "shared_prefix_tokens": shared,
-    }
 
 
 def _lognormal(mean: float, sigma: float, low: int, high: int) -> dict:
@@ -86,11 +76,11 @@ _OUTPUTS = _lognormal(150, 0.6, 4, 600)
 CASES: dict[str, tuple[tuple[str, ...], dict]] = {
     "hbm_prefix_recompute": (
         ("engine.kv_pool_blocks=500", "engine.max_num_seqs=32"),
-        {"workload": _synthetic(60, _PROMPTS, _OUTPUTS, rate=20.0, shared=768)},
+        {"workload": synthetic(60, _PROMPTS, _OUTPUTS, rate=20.0, shared=768)},
     ),
     "hbm_swap_preemption": (
         ("engine.kv_pool_blocks=700", "engine.preemption=swap", "kv.prefix_caching=false"),
-        {"workload": _synthetic(40, _PROMPTS, _OUTPUTS, rate=20.0)},
+        {"workload": synthetic(40, _PROMPTS, _OUTPUTS, rate=20.0)},
     ),
     "offload_s3fifo_multi_turn": (
         (
@@ -113,7 +103,7 @@ CASES: dict[str, tuple[tuple[str, ...], dict]] = {
             "engine.max_num_seqs=16",
         ),
         {
-            "workload": _synthetic(24, _lognormal(4000, 0.5, 512, 12000), 120, shared=512),
+            "workload": synthetic(24, _lognormal(4000, 0.5, 512, 12000), 120, shared=512),
             "kv": {
                 "mode": "dram_centric",
                 "access": {"kind": "sparse", "window_blocks": 8, "topk_blocks": 16},
@@ -124,14 +114,14 @@ CASES: dict[str, tuple[tuple[str, ...], dict]] = {
     "dram_centric_full_write_back": (
         ("hardware.hbm.capacity=20GiB", "engine.max_num_seqs=16"),
         {
-            "workload": _synthetic(16, _lognormal(3000, 0.5, 256, 8000), 60),
+            "workload": synthetic(16, _lognormal(3000, 0.5, 256, 8000), 60),
             "kv": {"mode": "dram_centric", "layerwise": False, "write_policy": "write_back"},
         },
     ),
     "dram_centric_layer_events": (
         ("hardware.hbm.capacity=20GiB", "engine.max_num_seqs=8", "engine.layer_events=true"),
         {
-            "workload": _synthetic(8, 2000, 30),
+            "workload": synthetic(8, 2000, 30),
             "kv": {"mode": "dram_centric", "access": {"kind": "sparse", "topk_blocks": 8}},
         },
     ),

@@ -14,7 +14,7 @@ from sim.costmodel import CostModel, CostParams
 from sim.engine import Engine
 from sim.metrics import TIMELINE_COLUMNS, Timeline
 from sim.workload import build_requests
-from tests.conftest import make_config
+from tests.conftest import make_config, synthetic
 from tests.test_costtable import TINY, run_config, tiny_table
 
 
@@ -40,42 +40,31 @@ def _same_results(config) -> int:
     return engine.decode_runs.steps
 
 
-def _workload(n: int, prompt, output, rate: float, shared: int = 0) -> dict:
-    return {
-        "kind": "synthetic",
-        "num_requests": n,
-        "arrival": {"kind": "poisson", "rate": rate},
-        "prompt_tokens": prompt,
-        "output_tokens": output,
-        "shared_prefix_tokens": shared,
-    }
-
-
 LOGNORMAL = {"kind": "lognormal", "mean": 300, "sigma": 0.8}
 CASES = {
     "poisson, no prefix": (
         [],
-        _workload(60, LOGNORMAL, {"kind": "uniform", "min": 5, "max": 90}, 20.0),
+        synthetic(60, LOGNORMAL, {"kind": "uniform", "min": 5, "max": 90}, 20.0),
     ),
-    "shared prefix": ([], _workload(60, LOGNORMAL, 40, 20.0, shared=256)),
+    "shared prefix": ([], synthetic(60, LOGNORMAL, 40, 20.0, shared=256)),
     "small pool, recompute": (
         ["engine.kv_pool_blocks=120"],
-        _workload(40, 400, {"kind": "uniform", "min": 20, "max": 200}, 50.0),
+        synthetic(40, 400, {"kind": "uniform", "min": 20, "max": 200}, 50.0),
     ),
     "small pool, swap": (
         ["engine.kv_pool_blocks=120", "engine.preemption=swap"],
-        _workload(40, 400, {"kind": "uniform", "min": 20, "max": 200}, 50.0),
+        synthetic(40, 400, {"kind": "uniform", "min": 20, "max": 200}, 50.0),
     ),
     "prompts in chunks": (
         ["engine.max_batched_tokens=512"],
-        _workload(40, {"kind": "lognormal", "mean": 1500, "sigma": 0.5}, 80, 5.0),
+        synthetic(40, {"kind": "lognormal", "mean": 1500, "sigma": 0.5}, 80, 5.0),
     ),
-    "seats full": (["engine.max_num_seqs=4"], _workload(30, 100, 50, 100.0)),
+    "seats full": (["engine.max_num_seqs=4"], synthetic(30, 100, 50, 100.0)),
     "no chunked prefill": (
         ["engine.chunked_prefill=false", "engine.max_batched_tokens=2048"],
-        _workload(30, LOGNORMAL, 60, 10.0),
+        synthetic(30, LOGNORMAL, 60, 10.0),
     ),
-    "all at once": ([], {**_workload(50, 200, 30, 1.0), "arrival": {"kind": "all_at_once"}}),
+    "all at once": ([], {**synthetic(50, 200, 30, 1.0), "arrival": {"kind": "all_at_once"}}),
 }
 
 
@@ -111,7 +100,7 @@ def test_decode_runs_change_nothing_anywhere(seed, rate, output, pool, swap, sha
         f"engine.block_tokens={block}",
         f"engine.max_batched_tokens={budget}",
         f"engine.preemption={'swap' if swap else 'recompute'}",
-        workload=_workload(
+        workload=synthetic(
             25,
             {"kind": "uniform", "min": 1, "max": 600},
             {"kind": "uniform", "min": 1, "max": output},
@@ -125,7 +114,7 @@ def test_decode_runs_change_nothing_anywhere(seed, rate, output, pool, swap, sha
 def test_one_request_alone_decodes_at_the_cost_model_times():
     """A single request: every decode step is a run step, and its finish time is the
     prefill plus the cost model's decode step at each context, added up in order."""
-    config = make_config(workload=_workload(1, 1000, 200, 1.0))
+    config = make_config(workload=synthetic(1, 1000, 200, 1.0))
     engine, result = _run(config)
     cost = engine.cost
     t = cost.prefill_time(1000)
@@ -137,7 +126,7 @@ def test_one_request_alone_decodes_at_the_cost_model_times():
 
 
 def test_runs_are_not_taken_where_tiers_move_data():
-    config = make_config("kv.mode=offload", workload=_workload(20, 300, 50, 5.0))
+    config = make_config("kv.mode=offload", workload=synthetic(20, 300, 50, 5.0))
     engine, _ = _run(config)
     assert engine.decode_runs.steps == 0
 
@@ -177,7 +166,7 @@ def test_record_many_equals_rows_one_at_a_time():
 
 def test_the_option_is_a_config_key():
     config = build_config(
-        {"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _workload(1, 10, 2, 1.0),
+        {"model": "llama-3-8b", "hardware": "h100-sxm", "workload": synthetic(1, 10, 2, 1.0),
          "engine": {"decode_runs": False}},
         "<test>",
     )  # fmt: skip
