@@ -100,7 +100,7 @@ class DecodeRuns:
             log.resident.append(hbm.resident)
             log.cached.append(len(hbm.evictable))
             if kv.prefix:
-                self._register(ids, context + j + 1)
+                kv.register_full(ids, context + j + 1)
         if n == 0:
             return 0
         delay = _exact_delay(env.now, float(times[n]))
@@ -129,15 +129,6 @@ class DecodeRuns:
                 out[step].append((rid, ctx + step + 1))
         return out
 
-    def _register(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """Prompt blocks completed by a step become findable (as ``Scheduler.complete``)."""
-        kv = self.engine.kv
-        bt = self.engine.config.engine.block_tokens
-        full = np.minimum(computed // bt, kv.hashed_blocks[ids])
-        grown = np.flatnonzero(full > kv.registered[ids])
-        for rid, tokens in zip(ids[grown].tolist(), computed[grown].tolist(), strict=True):
-            kv.register(rid, tokens)
-
     def _apply(self, ids: np.ndarray, start: np.ndarray, log: _RunLog, finishes: bool) -> None:
         """The run's effect on the scheduler and counters, and its timeline rows; the last
         step goes through ``Scheduler.complete`` if it ``finishes`` requests."""
@@ -160,7 +151,7 @@ class DecodeRuns:
         c = kv.counters
         c.access_blocks += int(reads.sum())
         c.access_hbm_hits += int(reads.sum())
-        e._marks[9] = float(c.access_hbm_hits)
+        e._link_deltas()  # the marks the next normal step's deltas start from
         n = len(ids)
         activations = e.cost.activation_bytes(n, n)
         hbm = kv.tiers[HBM]

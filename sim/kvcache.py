@@ -321,10 +321,6 @@ class KvManager:
 
     def _demote_cached(self, victims: list[int]) -> None:
         """:meth:`_demote` each of ``victims``, evicted from the HBM cache of ``dram_centric``."""
-        if self.mode != "dram_centric":
-            for b in victims:
-                self._demote(b, self.tiers[HBM])
-            return
         t = self.table
         ids = np.asarray(victims, dtype=np.int64)
         ids = ids[t.owner[ids] >= 0]
@@ -539,6 +535,14 @@ class KvManager:
         else:
             self.table.register_many(blocks[start:full], hashes[start:full])
         self.registered[rid] = full
+
+    def register_full(self, ids: np.ndarray, computed: np.ndarray) -> None:
+        """:meth:`register` the requests ``ids`` (with ``computed`` tokens in KV) that have a
+        newly full block with a hash."""
+        full = np.minimum(computed // self.bt, self.hashed_blocks[ids])
+        grown = np.flatnonzero(full > self.registered[ids])
+        for rid, tokens in zip(ids[grown].tolist(), computed[grown].tolist(), strict=True):
+            self.register(rid, tokens)
 
     def _register_through(
         self, blocks: list[int], hashes: np.ndarray, start: int, end: int

@@ -284,11 +284,8 @@ class Scheduler:
         """Apply a finished step: KV grows, samples are taken, done requests leave."""
         ids, samples = batch.ids, batch.samples
         self.computed[ids] += batch.new_tokens
-        if self.kv.prefix:  # requests with a newly full block that has a hash
-            kv = self.kv
-            full = np.minimum(self.computed[ids] // self.engine.block_tokens, kv.hashed_blocks[ids])
-            for rid in ids[full > kv.registered[ids]].tolist():
-                kv.register(rid, int(self.computed[rid]))
+        if self.kv.prefix:
+            self.kv.register_full(ids, self.computed[ids])
         sampled = ids[samples]
         self.generated[sampled] += 1
         first = sampled[np.isnan(self.first_token_s[sampled])]

@@ -172,14 +172,7 @@ class Tier:
                 self.policy.on_hold(b)  # type: ignore[attr-defined]
         elif self._held_out:
             self.policy.on_remove_many(taken)
-        size = len(self._held_mask)
-        if max(taken) >= size:
-            for b in taken:  # the size one pin at a time grows it to
-                if b >= size:
-                    size = max(b + 1, 2 * size, 1024)
-            grown = np.zeros(size, dtype=bool)
-            grown[: len(self._held_mask)] = self._held_mask
-            self._held_mask = grown
+        self._grow_held_mask(taken)
         self._held_mask[taken] = True
 
     def pin(self, b: int) -> None:
@@ -191,11 +184,20 @@ class Tier:
                 self.policy.on_hold(b)  # type: ignore[attr-defined]
             elif self._held_out:
                 self.policy.on_remove(b)
-            if b >= len(self._held_mask):
-                grown = np.zeros(max(b + 1, 2 * len(self._held_mask), 1024), dtype=bool)
-                grown[: len(self._held_mask)] = self._held_mask
-                self._held_mask = grown
+            self._grow_held_mask([b])
             self._held_mask[b] = True
+
+    def _grow_held_mask(self, keys: list[int]) -> None:
+        """Make ``_held_mask`` reach ``keys`` (as pinning them one at a time grows it)."""
+        size = len(self._held_mask)
+        if max(keys) < size:
+            return
+        for b in keys:
+            if b >= size:
+                size = max(b + 1, 2 * size, 1024)
+        grown = np.zeros(size, dtype=bool)
+        grown[: len(self._held_mask)] = self._held_mask
+        self._held_mask = grown
 
     def _forget(self, b: int) -> None:
         """The policy forgets ``b`` (it leaves the tier)."""
