@@ -14,6 +14,7 @@ numpy calls over all of them.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 
@@ -89,14 +90,24 @@ class AccessModel:
         out = list(seqs)
         if not len(picked):
             return out
-        sink, start, k = sink[picked], start[picked], k[picked]
-        sinks, starts = sink.tolist(), start.tolist()
-        mid = np.concatenate(
-            [seqs[i][a:b] for i, a, b in zip(picked.tolist(), sinks, starts, strict=True)]
-        )
-        hots = self._hot_sets(mid, start - sink, k, heat)
-        for i, a, b, hot in zip(picked.tolist(), sinks, starts, hots, strict=True):
-            out[i] = np.concatenate((seqs[i][:a], hot, seqs[i][b:]))
+        # a picked sequence has a middle: its sink and window are spec.sink/window_blocks
+        start, k = start[picked], k[picked]
+        a, rows, starts = spec.sink_blocks, [seqs[i] for i in picked.tolist()], start.tolist()
+        mid = np.concatenate([s[a:b] for s, b in zip(rows, starts, strict=True)])
+        hot = self._hot_rows(mid, start - a, k, heat)
+        if k.min() == k.max():  # one k: each read set a row of one array
+            edges = np.concatenate(
+                [p for s, b in zip(rows, starts, strict=True) for p in (s[:a], s[b:])]
+            )
+            edges = edges.reshape(len(rows), -1)
+            sets = list(np.concatenate((edges[:, :a], hot, edges[:, a:]), axis=1))
+        else:
+            sets = [
+                np.concatenate((s[:a], h[:n], s[b:]))
+                for s, h, n, b in zip(rows, hot, k.tolist(), starts, strict=True)
+            ]
+        for i, blocks in zip(picked.tolist(), sets, strict=True):
+            out[i] = blocks
         return out
 
     def _batch_draws(self) -> bool:
@@ -105,63 +116,49 @@ class AccessModel:
         drift_kind = self.spec.drift_kind  # type: ignore[union-attr]
         return drift_kind == "redraw" and isinstance(self.rng.bit_generator, np.random.PCG64)
 
-    def _hot_sets(
+    def _hot_rows(
         self, mid: np.ndarray, lengths: np.ndarray, k: np.ndarray, heat: np.ndarray
-    ) -> list[np.ndarray]:
+    ) -> np.ndarray:
         """Redraw (as the loop would) and pick the top-k ids of each middle of ``mid``.
 
-        ``mid`` holds the middles, ``lengths`` each. A threshold keeps a little more than
-        ``k`` of each middle (scores are uniform in [0, 1)) for :func:`_top_sets`.
+        ``mid`` holds the middles, ``lengths`` each; row i of the result starts with middle
+        i's set. A threshold keeps a little more than ``k`` of each middle (scores are
+        uniform in [0, 1)) for :func:`_top_rows`.
         """
         bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
         seen = self._scores_seen(mid, bounds, heat)
         threshold = np.where(k > 0, 1.0 - (k + 4 * np.sqrt(k) + 8) / lengths, np.inf)
         kept = np.flatnonzero(seen >= np.repeat(threshold, lengths))
-        return _top_sets(mid, seen, kept, bounds, k)
+        return _top_rows(mid, seen, kept, bounds, k)
 
     def _scores_seen(self, mid: np.ndarray, bounds: np.ndarray, heat: np.ndarray) -> np.ndarray:
         """Each element's score when its sequence takes its top-k; ``heat`` ends as the loop's.
 
         Middle by middle (``bounds`` in ``mid``), as the loop: its new scores go into
         ``heat``, then it reads its scores, so a later middle sees an earlier one's redraws
-        of a block they share. Two numpy calls a middle; the draws are made in one.
-        """
-        if not self.spec.drift > 0:  # type: ignore[union-attr]
-            return heat.take(mid)
-        redrawn, scores = self._draws(np.diff(bounds))
-        ids = mid[redrawn]
-        cuts = np.searchsorted(redrawn, bounds).tolist()
-        seen = np.empty(len(mid), dtype=heat.dtype)
-        at = bounds.tolist()
-        for i in range(len(at) - 1):
-            heat[ids[cuts[i] : cuts[i + 1]]] = scores[cuts[i] : cuts[i + 1]]
-            heat.take(mid[at[i] : at[i + 1]], out=seen[at[i] : at[i + 1]])
-        return seen
-
-    def _draws(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions (in the concatenated middles) the loop would redraw, and their scores.
-
-        One buffer of doubles stands for the loop's draws: per middle, a test each, then a
-        score per redraw. The generator ends as after the loop.
+        of a block they share. The draws come from one buffer of doubles standing for the
+        loop's (per middle, a test each, then a score per redraw); the generator ends as
+        after the loop.
         """
         drift = self.spec.drift  # type: ignore[union-attr]
+        if not drift > 0:
+            return heat.take(mid)
         bitgen = self.rng.bit_generator
         saved = bitgen.state
-        total = int(lengths.sum())
-        buf = self.rng.random(_first_draws(total, drift))
-        hit = buf < drift
-        tests, scores, pos = [], [], 0
-        for m in lengths.tolist():
-            end = pos + m
-            while end > len(buf) or end + (r := int(np.count_nonzero(hit[pos:end]))) > len(buf):
-                more = self.rng.random(total // 4 + m + 64)  # the draws that follow buf's
+        buf = self.rng.random(_first_draws(len(mid), drift))
+        hit, seen, pos = buf < drift, np.empty(len(mid), dtype=heat.dtype), 0
+        for a, b in pairwise(bounds.tolist()):
+            end = pos + b - a  # this middle's tests end; its scores follow
+            while end + (r := int(np.count_nonzero(tests := hit[pos:end]))) > len(buf):
+                more = self.rng.random(len(mid) // 4 + b - a + 64)  # the draws after buf's
                 buf, hit = np.concatenate((buf, more)), np.concatenate((hit, more < drift))
-            tests.append(hit[pos:end])
-            scores.append(buf[end : end + r])
+            middle = mid[a:b]
+            heat[middle[tests]] = buf[end : end + r]
+            heat.take(middle, out=seen[a:b])
             pos = end + r
         _rewind(bitgen, saved, pos)
-        return np.flatnonzero(np.concatenate(tests)), np.concatenate(scores)
+        return seen
 
 
 def _first_draws(tests: int, drift: float) -> int:
@@ -179,31 +176,31 @@ def _rewind(bitgen: np.random.BitGenerator, saved: dict, used: int) -> None:
         bitgen.state = state
 
 
-def _top_sets(
+def _top_rows(
     mid: np.ndarray,
     seen: np.ndarray,
     kept: np.ndarray,
     bounds: np.ndarray,
     k: np.ndarray,
-) -> list[np.ndarray]:
-    """Sorted ids of the ``k`` highest-``seen`` elements of each middle (``bounds`` in ``mid``).
+) -> np.ndarray:
+    """Row i starts with the sorted ids of the ``k[i]`` highest-``seen`` of middle i.
 
-    The same sets as ``argpartition`` per middle, given ``kept``: the elements at or above
-    their middle's threshold. When a middle's k-th highest kept score is above the next
-    one, its set is among its kept elements; otherwise (the threshold kept fewer than k, or
-    a tie at the k-th score) the middle takes the per-middle path.
+    The middles are ``bounds`` in ``mid``. The same sets as ``argpartition`` per middle,
+    given ``kept``: the elements at or above their middle's threshold. When a middle's k-th
+    highest kept score is above the next one, its set is among its kept elements; otherwise
+    (the threshold kept fewer than k, or a tie at the k-th score) the middle takes the
+    per-middle path.
     """
     counts = np.diff(np.searchsorted(kept, bounds))
     kth, below = _kth_scores(seen[kept], counts, k)
     ok = kth > below  # minus infinity where a middle kept fewer than k
     chosen = kept[seen[kept] >= np.repeat(np.where(ok, kth, np.inf), counts)]
     rows = _sorted_rows(mid[chosen], np.where(ok, k, 0), int(k.max()))
-    return [
-        row[:n] if good else _top_set(mid[a:b], seen[a:b], n)
-        for row, n, good, a, b in zip(
-            rows, k.tolist(), ok.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+    for i in np.flatnonzero(~ok).tolist():
+        rows[i, : k[i]] = _top_set(
+            mid[bounds[i] : bounds[i + 1]], seen[bounds[i] : bounds[i + 1]], k[i]
         )
-    ]
+    return rows
 
 
 def _kth_scores(

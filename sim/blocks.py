@@ -75,6 +75,20 @@ class BlockTable:
         k = len(heat)
         if k <= 4:  # scalar stores beat fancy indexing on a few blocks
             return [self.new(owner, position + i, h) for i, h in enumerate(heat.tolist())]
+        ids = self._take_ids(k)
+        self._reset(np.asarray(ids, dtype=np.int64), owner, np.arange(position, position + k), heat)
+        return ids
+
+    def new_each(self, owners: np.ndarray, positions: np.ndarray) -> list[int]:
+        """A fresh block (heat 0) for each (owner, position): the same ids, in the same order,
+        as one :meth:`new` call for each."""
+        ids = self._take_ids(len(owners))
+        self._reset(np.asarray(ids, dtype=np.int64), owners, positions, 0.0)
+        return ids
+
+    def _take_ids(self, k: int) -> list[int]:
+        """The next ``k`` ids :meth:`new` would use: recycled ones (last freed first), then
+        fresh ones."""
         free = self._free_ids
         take = min(k, len(free))
         ids = free[: -take - 1 : -1] if take else []
@@ -84,15 +98,23 @@ class BlockTable:
             self._grow()
         ids.extend(range(self.size, self.size + fresh))
         self.size += fresh
-        at = np.asarray(ids, dtype=np.int64)
+        return ids
+
+    def _reset(
+        self,
+        at: np.ndarray,
+        owner: int | np.ndarray,
+        position: np.ndarray,
+        heat: float | np.ndarray,
+    ) -> None:
+        """The metadata of fresh blocks ``at`` (ref 1, no hash, never read, clean)."""
         self.ref[at] = 1
         self.owner[at] = owner
-        self.position[at] = np.arange(position, position + k)
+        self.position[at] = position
         self.heat[at] = heat
         self.hash[at] = NO_HASH
         self.access_count[at] = 0
         self.dirty[at] = False
-        return ids
 
     def drop_many(self, blocks: np.ndarray) -> None:
         """:meth:`drop` each of ``blocks`` in order (none of them in a tier or referenced)."""

@@ -198,6 +198,7 @@ class CostModel:
             2.0 * model.heads * (model.attention_qk_dim + model.attention_v_dim)
         )
         self.linear_time = lru_cache(maxsize=1 << 16)(self._linear_time)
+        self.token_parts = lru_cache(maxsize=1 << 14)(self._token_parts)
 
     # --- GEMMs ----------------------------------------------------------------------------
 
@@ -222,18 +223,24 @@ class CostModel:
 
     def _linear_time(self, tokens: int, sampled: int) -> float:
         """All layers' projections and MLPs for ``tokens`` tokens, plus the LM head."""
-        m = self.model
         if tokens == 0:
             return 0.0
+        layers, elementwise = self.token_parts(tokens)
+        total = layers + self.gemm_time(sampled, self.model.hidden, self.model.vocab)
+        if self.params.kernels is not None:
+            total += elementwise
+        return total
+
+    def _token_parts(self, tokens: int) -> tuple[float, float]:
+        """The parts of :meth:`_linear_time` that depend on ``tokens`` only: every layer's
+        GEMMs, and the elementwise kernels."""
+        m = self.model
         attention = self._gemms_time(tokens, m.attention_gemms)
         dense = self._gemms_time(tokens, m.mlp_gemms(m.intermediate))
         total = m.layers * attention + m.dense_layers * dense
         if m.moe_layers:
             total += m.moe_layers * self._moe_time(tokens)
-        total += self.gemm_time(sampled, m.hidden, m.vocab)
-        if self.params.kernels is not None:
-            total += self.elementwise_time(tokens)
-        return total
+        return total, self.elementwise_time(tokens)
 
     # --- elementwise kernels (calibrated profiles only) -----------------------------------------
 
@@ -285,52 +292,43 @@ class CostModel:
         Prefill-like (more than one new token) and decode sequences are separate kernels.
         """
         m, p = self.model, self.params
-        if not m.sliding_window and len(new_tokens) and (np.asarray(new_tokens) == 1).all():
-            return self._decode_attention_time(np.asarray(context, dtype=np.float64))
-        new = np.asarray(new_tokens, dtype=np.float64)
-        ctx = np.asarray(context, dtype=np.float64)
-        if m.sliding_window:
-            ctx = np.minimum(ctx, m.sliding_window)
-        pairs = new * (ctx + (new + 1.0) / 2.0)
-        flops = pairs * self.attention_flops_per_pair * m.layers
-        traffic = (ctx + new) * self.kv_bytes_per_token_layer * m.layers
+        new_tokens, context = np.asarray(new_tokens), np.asarray(context)
         total = 0.0
-        decode = new == 1
-        n_decode = int(np.count_nonzero(decode))
-        if n_decode == len(new):  # decode only (the usual step): no masking needed
-            parts = ((flops, traffic),) if n_decode else ()
-        else:
-            masks = (new > 1, decode)
-            parts = tuple((flops[mask], traffic[mask]) for mask in masks if mask.any())
-        for f, t in parts:
-            total += max(f.sum() / p.attention_flops, t.sum() / p.memory_bandwidth)
+        prefill = new_tokens > 1
+        if prefill.any():
+            new = new_tokens[prefill].astype(np.float64)
+            ctx = self._attended(context[prefill])
+            total += self._kernel_time(new * (ctx + (new + 1.0) / 2.0), ctx + new)
             total += m.layers * p.attention_latency_s  # 0 unless calibrated
+        decode = new_tokens == 1
+        if decode.any():
+            # NOTE: the prefill formulas with new = 1.0 are exactly ctx + 1.0 for both
+            span = self._attended(context if decode.all() else context[decode]) + 1.0
+            total += self._kernel_time(span, span)
+            total += m.layers * p.attention_latency_s
         return total
 
-    def _decode_attention_time(self, ctx: np.ndarray) -> float:
-        """:meth:`attention_time` of decodes only (one new token each), no sliding window.
+    def _attended(self, context: np.ndarray) -> np.ndarray:
+        """Cached tokens a sequence's attention reads (the sliding window's, if any)."""
+        ctx = context.astype(np.float64)
+        return np.minimum(ctx, self.model.sliding_window) if self.model.sliding_window else ctx
 
-        NOTE: the same floating-point operations as the general path: with ``new == 1.0``,
-        ``new * (ctx + (new + 1.0) / 2.0)`` and ``ctx + new`` are both exactly ``ctx + 1.0``.
-        """
+    def _kernel_time(self, pairs: np.ndarray, attended: np.ndarray) -> float:
+        """One attention kernel over all layers: its FLOPs (``pairs`` of query and key
+        tokens) or its KV reads (``attended`` tokens), whichever takes longer."""
         m, p = self.model, self.params
-        span = ctx + 1.0
-        flops = span * self.attention_flops_per_pair * m.layers
-        traffic = span * self.kv_bytes_per_token_layer * m.layers
-        total = 0.0
-        total += max(flops.sum() / p.attention_flops, traffic.sum() / p.memory_bandwidth)
-        return total + m.layers * p.attention_latency_s
+        flops = pairs * self.attention_flops_per_pair * m.layers
+        traffic = attended * self.kv_bytes_per_token_layer * m.layers
+        return max(flops.sum() / p.attention_flops, traffic.sum() / p.memory_bandwidth)
 
     # --- a whole step -----------------------------------------------------------------------
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray, sampled: int) -> StepCost:
         """Cost of one forward pass over a batch (prefill chunks and decodes mixed)."""
-        tokens = int(np.sum(new_tokens))
-        overhead = self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s
         return StepCost(
-            linear_s=self.linear_time(tokens, sampled),
+            linear_s=self.linear_time(int(np.sum(new_tokens)), sampled),
             attention_s=self.attention_time(new_tokens, context),
-            overhead_s=overhead,
+            overhead_s=self._overhead(),
         )
 
     def decode_steps(self, context: np.ndarray, steps: int) -> tuple[float, np.ndarray, float]:
@@ -341,21 +339,65 @@ class CostModel:
         checks): the roofline's per-step sums are row sums of one 2-D array.
         """
         n = len(context)
-        vectorised = (
-            type(self).attention_time is CostModel.attention_time and not self.model.sliding_window
-        )
-        if not vectorised:  # another attention model (measured tables): one call a step
+        if not self._vectorised():  # another attention model (measured tables): a call a step
             ones = np.ones(n, dtype=np.int64)
             costs = [self.step(ones, context + j, n) for j in range(steps)]
             attention = np.array([c.attention_s for c in costs])
             return costs[0].linear_s, attention, costs[0].overhead_s
+        latency = self.model.layers * self.params.attention_latency_s
+        return (
+            self.linear_time(n, n),
+            self._decode_kernels(context, steps) + latency,
+            self._overhead(),
+        )
+
+    def prefill_steps(
+        self, context: np.ndarray, chunks: np.ndarray, prefilled: int, sampled: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(linear per step, attention per step, overhead) seconds of consecutive steps in
+        which a batch whose contexts start at ``context`` decodes while one more sequence,
+        ``prefilled`` tokens in, computes ``chunks`` (one a step, each of two tokens or
+        more); ``sampled``: the sequences sampling in each step.
+
+        The same floating-point results as :meth:`step` on each step (a test checks).
+        """
+        n, steps = len(context), len(chunks)
+        start = prefilled + np.cumsum(chunks) - chunks  # the prefill's context at each step
+        pairs = zip((n + chunks).tolist(), sampled.tolist(), strict=True)
+        linear = np.array([self.linear_time(t, k) for t, k in pairs])
+        if not self._vectorised():
+            costs = [
+                self.step(np.append(np.ones(n, dtype=np.int64), c), np.append(context + j, x), 0)
+                for j, (c, x) in enumerate(zip(chunks.tolist(), start.tolist(), strict=True))
+            ]
+            return linear, np.array([c.attention_s for c in costs]), self._overhead()
+        m, p = self.model, self.params
+        new, ctx = chunks.astype(np.float64), start.astype(np.float64)
+        flops = new * (ctx + (new + 1.0) / 2.0) * self.attention_flops_per_pair * m.layers
+        traffic = (ctx + new) * self.kv_bytes_per_token_layer * m.layers
+        latency = m.layers * p.attention_latency_s
+        # as attention_time adds them: the prefill kernel, then the decodes' (if any)
+        attention = np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth) + latency
+        if n:
+            attention = (attention + self._decode_kernels(context, steps)) + latency
+        return linear, attention, self._overhead()
+
+    def _vectorised(self) -> bool:
+        """Whether attention is this roofline (a step's sums can be rows of one array)."""
+        return (
+            type(self).attention_time is CostModel.attention_time and not self.model.sliding_window
+        )
+
+    def _decode_kernels(self, context: np.ndarray, steps: int) -> np.ndarray:
+        """The decode kernel's time in each of ``steps`` decode steps from ``context``."""
         m, p = self.model, self.params
         span = (context[None, :] + np.arange(steps)[:, None]).astype(np.float64) + 1.0
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)
         traffic = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1)
-        attention = np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth)
-        overhead = p.step_overhead_s + m.layers * p.layer_overhead_s  # as step() has it
-        return self.linear_time(n, n), attention + m.layers * p.attention_latency_s, overhead
+        return np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth)
+
+    def _overhead(self) -> float:
+        return self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s
 
     def prefill_time(self, prompt_tokens: int, cached: int = 0) -> float:
         """One sequence's prefill (one chunk, ``cached`` tokens already in KV)."""

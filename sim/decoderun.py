@@ -1,36 +1,48 @@
-"""Decode runs: consecutive decode steps that carry no scheduling decision, taken as arrays.
+"""Runs: consecutive engine steps simulated ahead of the SimPy clock, then waited at once.
 
-When every running request is decoding, no waiting request can be admitted and nothing is
-moving between tiers (``hbm`` mode, full access, no copies, no prefetch), the steps up to
-the next finish are known in advance: the same batch, each context one token longer per
-step. A run computes their costs as one array (:meth:`sim.costmodel.CostModel.decode_steps`),
-makes the block allocations at block boundaries in the order the scheduler would, waits
-one SimPy timeout for all of them, and writes their timeline rows at once.
+In ``hbm`` mode with full access, no prefetch and nothing moving between tiers, every step
+is a function of the scheduler's state and of the arrivals, whose delivery times are known
+in advance. A run takes such steps one after another without the engine loop's per-step
+event and bookkeeping, hands the scheduler the requests that arrive meanwhile itself, waits
+one SimPy timeout for all of them and writes their timeline rows at once. Its steps are:
 
-A run stops at the step in which a request arrives (the next arrival time is known), or
-before a step the KV pool cannot give its new blocks (the normal step then preempts).
-Results are bit-identical to ``engine.decode_runs: false`` (tests/test_decode_runs.py).
+- decodes: every running request adds one token a step, so the steps up to the next
+  arrival or finish are priced as one array (:meth:`CostModel.decode_steps`), with the
+  block allocations made at block boundaries in the order the scheduler would;
+- prefill chunks: while someone is in prefill, each step gives every running request its
+  tokens by the scheduler's rule (:meth:`Scheduler.running_tokens`);
+- admissions (without prefix caching, where admitting reads nothing from other tiers): the
+  scheduler's own :meth:`Scheduler.schedule`.
+
+A run ends where the normal loop must decide with the clock: a step that would preempt,
+an admission with prefix caching (or of a swapped-out request), a finish with prefix
+caching (released blocks are stamped with the clock), an arrival delivered at exactly a
+step's end, or nothing left running. Results are bit-identical to
+``engine.decode_runs: false`` (tests/test_decode_runs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.blocks import DRAM, HBM, SSD
+from sim.blocks import HBM
 from sim.scheduler import Batch
 
 if TYPE_CHECKING:
+    from sim.costmodel import StepCost
     from sim.engine import Engine
 
-FIRST_CHUNK = 16  # steps costed at once at first; doubles while the run goes on
+FIRST_CHUNK = 16  # decode steps priced at once at first; doubles while the decodes go on
 MAX_CHUNK = 1024
+ADMIT, PREFILL, DECODE = "admit", "prefill", "decode"
 
 
 class DecodeRuns:
-    """Finds and simulates the engine's decode runs."""
+    """Finds and simulates the engine's runs of steps that need no clock."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -45,177 +57,487 @@ class DecodeRuns:
             and not config.engine.check
         )
 
-    def length(self) -> int:
-        """Steps from now that form a decode run if nothing interrupts it (0: none)."""
+    def ready(self) -> bool:
+        """Whether a run can start now."""
         e = self.engine
-        s, kv = e.scheduler, e.kv
-        if not self.enabled or s.loading or not len(s.running) or kv.blocking:
-            return 0  # (in hbm mode no block copies are queued between steps)
-        ids = s.running
-        if len(ids) > s.engine.max_batched_tokens or any(x.in_flight for x in e.links.all()):
-            return 0
-        generated = s.generated[ids]
-        if (s.prompt[ids] + generated - s.computed[ids] != 1).any() or not generated.all():
-            return 0  # someone is still in prefill (or samples its first token)
-        if s.waiting and (kv.prefix or not s.head_blocked()):
-            return 0
-        return int((s.output[ids] - generated).min())  # up to the step of the next finish
+        if not self.enabled or any(x.in_flight for x in e.links.all()):
+            return False
+        return self._next() is not None
 
-    def run(self, steps: int):
-        """Simulate up to ``steps`` decode steps (a SimPy generator); returns how many ran."""
+    def _next(self) -> str | None:
+        """What the next step of a run is (None: the normal loop takes it)."""
+        s, kv = self.engine.scheduler, self.engine.kv
+        if not len(s.running) or s.loading or kv.blocking:
+            return None  # (in hbm mode no block copies are queued between steps)
+        decoding = self._decoding()
+        if s.waiting and not (decoding and not kv.prefix and s.head_blocked()):
+            if kv.prefix or kv.swapped or self._preempts():
+                return None
+            return ADMIT
+        if not decoding:
+            return PREFILL
+        return DECODE if len(s.running) <= s.engine.max_batched_tokens else None
+
+    def _decoding(self) -> bool:
+        """Whether every running request decodes (one token, past its first sample)."""
+        s = self.engine.scheduler
+        ids = s.running
+        generated = s.generated[ids]
+        return bool((s.prompt[ids] + generated - s.computed[ids] == 1).all() and generated.all())
+
+    def _preempts(self) -> bool:
+        """Whether the pool is too short for the running requests' next tokens."""
+        s, kv = self.engine.scheduler, self.engine.kv
+        need = s.running_tokens(s.engine.max_batched_tokens)[2]
+        return int(need[need > 0].sum()) > kv.available
+
+    def run(self):
+        """Simulate a run (a SimPy generator); returns how many steps it took."""
         e = self.engine
-        kv = e.kv
-        ids = e.scheduler.running.copy()
-        start = e.scheduler.computed[ids]
-        if kv.prefix:
-            kv.hint_upcoming([])  # as the scheduler does each step: nothing waits
-        log = _RunLog(e.env.now, e._arrived, len(e.scheduler.waiting))
-        chunk = FIRST_CHUNK
-        while log.steps < steps:
-            n = min(chunk, steps - log.steps, MAX_CHUNK)
-            ran = yield from self._chunk(ids, start + log.steps, n, log)
-            if ran < n or e._arrived != log.arrived:  # a request arrived in its last step
-                break
-            chunk *= 2
+        if e.kv.prefix:
+            e.kv.hint_upcoming([])  # as the scheduler does each step: nothing waits
+        log = _RunLog(e.env.now)
+        while not log.last and (kind := self._next()) is not None:
+            if kind == DECODE:
+                self._decodes(log)
+            elif kind == ADMIT and self._admits_alone(log):
+                self.engine.scheduler.admit_head(log.now)
+                self._prefill_chunks(log)
+            elif kind == ADMIT or not self._prefill_chunks(log):
+                self._scheduled_step(kind, log)
         if log.steps:
-            self._apply(ids, start, log, finishes=log.steps == steps)
+            yield from self._wait(log)
+            self.steps += log.steps
+            log.write(e)
         return log.steps
 
-    def _chunk(self, ids: np.ndarray, context: np.ndarray, n: int, log: _RunLog):
-        """Up to ``n`` steps from ``context``, as one SimPy timeout; fewer if a request
-        arrives (the step it arrives in is the last) or the pool runs out of blocks."""
+    # --- one step at a time -----------------------------------------------------------------
+
+    def _scheduled_step(self, kind: str, log: _RunLog) -> None:
+        """An admission or prefill step, priced by :meth:`CostModel.step`."""
         e = self.engine
-        kv, env, hbm = e.kv, e.env, e.kv.tiers[HBM]
-        linear, attention, overhead = e.cost.decode_steps(context, n)
+        s = e.scheduler
+        batch = s.schedule(log.now) if kind == ADMIT else self._prefill_batch()
+        if batch is None:  # the pool is short: the normal step preempts
+            log.last = True
+            return
+        cost = e.cost.step(batch.new_tokens, batch.context, batch.num_sampled)
+        end = log.now + cost.total_s  # as SimPy adds the step's timeout
+        log.add_step(batch, cost, e)
+        self._close_step(log, end, batch)
+
+    def _prefill_batch(self) -> Batch | None:
+        """The next step's batch by the scheduler's rule, its blocks allocated; None if the
+        pool cannot give them."""
+        s, kv = self.engine.scheduler, self.engine.kv
+        ids = s.running
+        n, target, need = s.running_tokens(s.engine.max_batched_tokens)
+        growing = np.flatnonzero(need > 0)
+        if int(need[growing].sum()) > kv.available:
+            return None
+        for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
+            kv.allocate(rid, t)
+        return s.batch(ids, n, ids[:0])
+
+    # --- prefill chunks ------------------------------------------------------------------------
+
+    def _admits_alone(self, log: _RunLog) -> bool:
+        """Whether the next step admits just the queue head, fresh (no blocks held, no prefix
+        caching), as the first of its prefill chunks while every running request decodes."""
+        e = self.engine
+        s, kv = e.scheduler, e.kv
+        rid = s.waiting[0]
+        n = len(s.running)
+        left = s.engine.max_batched_tokens - n
+        tokens = int(s.prompt[rid] + s.generated[rid])
+        chunk = min(tokens, left)
+        alone = len(s.waiting) == 1 or chunk == left  # no budget left for the next one
+        if kv.held[rid] or not alone or n >= s.engine.max_num_seqs or chunk < 2:
+            return False
+        if not s.engine.chunked_prefill and tokens > left:
+            return False
+        if not self._decoding() or e.next_arrival_s <= log.now:
+            return False
+        ids = s.running
+        boundary = kv.held[ids] * kv.bt == s.computed[ids]  # decoders starting a block
+        return int(np.count_nonzero(boundary)) + -(-chunk // kv.bt) <= kv.available
+
+    def _prefill_chunks(self, log: _RunLog) -> bool:
+        """The last running request's prefill chunks while the rest decode, priced at once,
+        up to its first token or the next finish or arrival; False if the batch is not of
+        that shape (then a step at a time)."""
+        e = self.engine
+        s, kv = e.scheduler, e.kv
+        ids = s.running
+        generated = s.generated[ids]
+        remaining = s.prompt[ids] + generated - s.computed[ids]
+        rid, decoders = int(ids[-1]), ids[:-1]
+        left = s.engine.max_batched_tokens - len(decoders)  # the prefill's tokens a step
+        if kv.prefix or left < 2 or not (remaining[:-1] == 1).all() or not generated[:-1].all():
+            return False
+        chunks = _chunks(int(remaining[-1]), left)
+        if s.waiting:  # only while the prefill takes the whole budget: no one can join
+            chunks = chunks[: int(np.argmin(chunks == left)) if (chunks < left).any() else None]
+        if len(decoders):  # up to the next decoder's finish
+            chunks = chunks[: int((s.output[decoders] - generated[:-1]).min())]
+        if not len(chunks):
+            return False
+        samples = np.zeros(len(chunks), dtype=np.int64)
+        samples[-1] = int(chunks.sum()) == int(remaining[-1])  # its first token
+        context = s.computed[decoders]
+        linear, attention, overhead = e.cost.prefill_steps(
+            context, chunks, int(s.computed[rid]), samples + len(decoders)
+        )
         compute = (linear + attention) + overhead  # as StepCost.total_s adds them
-        times = np.add.accumulate(np.concatenate(([env.now], compute)))  # as SimPy adds
-        grows = self._allocations(ids, context, n)
-        counts = np.array([len(g) for g in grows])
-        short = counts > kv.available - (np.cumsum(counts) - counts)  # allocation would fail
+        times = np.add.accumulate(np.concatenate(([log.now], compute)))  # as SimPy adds
+        taken = self._prefill_blocks(decoders, context, rid, chunks, times, log)
+        if not taken:
+            return True
+        n, k = len(decoders), taken
+        log.add_steps(n + 1, n + chunks[:k], chunks[:k], samples[:k] + n, e)
+        log.linear += linear[:k].tolist()
+        log.attention += attention[:k].tolist()
+        log.overhead += [overhead] * k
+        prefilled = int(s.computed[rid]) + np.cumsum(chunks[:k]) - chunks[:k]
+        log.reads += (_reads(context, k, e) + -(-prefilled // kv.bt)).tolist()
+        log.compute += compute[:k].tolist()
+        self._deliver(log, times[1 : k + 1].tolist())
+        s.computed[decoders] += k - 1  # the steps before the last, in bulk
+        s.generated[decoders] += k - 1
+        s.computed[rid] += int(chunks[: k - 1].sum())
+        new = np.append(np.ones(n, dtype=np.int64), chunks[k - 1])
+        sampled = np.append(np.ones(n, dtype=bool), bool(samples[k - 1]))
+        s.complete(Batch(ids.copy(), new, s.computed[ids], sampled, ids[:0]), log.now)
+        log.snapshot(e, replace=True)
+        return True
+
+    def _prefill_blocks(
+        self,
+        decoders: np.ndarray,
+        context: np.ndarray,
+        rid: int,
+        chunks: np.ndarray,
+        times: np.ndarray,
+        log: _RunLog,
+    ) -> int:
+        """Allocate the blocks of the prefill-chunk steps that start before the next arrival
+        and fit in the pool, as the scheduler would (decoders first); how many steps."""
+        kv = self.engine.kv
+        hbm = kv.tiers[HBM]
+        n = len(chunks)
+        at, rids, _ = self._allocations(decoders, context, n)
+        per_step = np.bincount(at, minlength=n)
+        held = int(kv.held[rid])
+        target = int(self.engine.scheduler.computed[rid]) + np.cumsum(chunks)
+        full = -(-target // kv.bt)  # blocks the prefill holds after each step
+        need = np.maximum(full - np.maximum.accumulate(np.append(held, full[:-1])), 0)
+        counts = per_step + need
+        short = counts > kv.available - (np.cumsum(counts) - counts)  # would fail
         fits = int(np.argmax(short)) if short.any() else n
-        n = min(int(np.searchsorted(times[:n], e.next_arrival_s)), fits)  # start before it
-        for j in range(n):  # nothing else reads the blocks until the run's timeout ends
-            for rid, target in grows[j]:
-                kv.allocate(rid, target)
+        taken = min(int(np.searchsorted(times[:n], self.engine.next_arrival_s)), fits)
+        if (taken < n and taken == fits) or taken == 0:
+            log.last = True  # the next step preempts (or an arrival is due right now)
+        bounds = [0, *np.cumsum(per_step[:taken]).tolist()]
+        for j, (a, b) in enumerate(pairwise(bounds)):
+            for r in rids[a:b].tolist():
+                kv.allocate(r, int(kv.held[r]) * kv.bt + 1)  # its next block
+            if need[j]:
+                kv.allocate(rid, int(target[j]))
+            log.running.append(len(decoders) + 1)
             log.resident.append(hbm.resident)
             log.cached.append(len(hbm.evictable))
-            if kv.prefix:
-                kv.register_full(ids, context + j + 1)
-        if n == 0:
+        return taken
+
+    def _close_step(self, log: _RunLog, end: float, batch: Batch) -> None:
+        """End a scheduled step at ``end``: deliver what arrives during it, then complete
+        ``batch`` (after the run's timeout if it finishes a request with prefix caching)."""
+        e = self.engine
+        s = e.scheduler
+        self._deliver(log, [end])
+        sampled = batch.ids[batch.samples]
+        if e.kv.prefix and (s.generated[sampled] + 1 >= s.output[sampled]).any():
+            log.last, log.pending = True, batch  # released blocks are stamped with the clock
+        else:
+            s.complete(batch, end)
+        log.snapshot(e)
+
+    def _deliver(self, log: _RunLog, ends: list[float]) -> None:
+        """Steps ending at ``ends`` were taken: hand over the requests delivered during the
+        last of them, and note how many wait after each."""
+        e = self.engine
+        before = len(e.scheduler.waiting)
+        e.deliver_before(ends[-1])
+        log.ends += ends
+        log.waiting += [before] * (len(ends) - 1) + [len(e.scheduler.waiting)]
+        if e.next_arrival_s == ends[-1]:  # delivered exactly at the step's end
+            log.last = log.tied = True  # SimPy's event order decides: the run's last step
+
+    # --- decodes ------------------------------------------------------------------------------
+
+    def _decodes(self, log: _RunLog) -> None:
+        """Decode steps up to the next finish, arrival or pool shortage."""
+        s = self.engine.scheduler
+        ids = s.running.copy()
+        start = s.computed[ids]
+        steps = int((s.output[ids] - s.generated[ids]).min())  # up to the next finish
+        taken, chunk, arrived = 0, FIRST_CHUNK, self.engine._arrived
+        while taken < steps:
+            n = min(chunk, steps - taken, MAX_CHUNK)
+            ran = self._decode_chunk(ids, start + taken, n, log)
+            taken += ran
+            if ran < n or log.last or self.engine._arrived != arrived:  # someone arrived
+                break
+            chunk *= 2
+        if taken:
+            self._advance(ids, taken, taken == steps, log)
+
+    def _decode_chunk(self, ids: np.ndarray, context: np.ndarray, n: int, log: _RunLog) -> int:
+        """Up to ``n`` decode steps from ``context``: fewer if a request arrives (the step it
+        arrives in is the last) or the pool runs out of blocks (the run ends before)."""
+        e = self.engine
+        linear, attention, overhead = e.cost.decode_steps(context, n)
+        compute = (linear + attention) + overhead  # as StepCost.total_s adds them
+        times = np.add.accumulate(np.concatenate(([log.now], compute)))  # as SimPy adds
+        at, rids, nth = self._allocations(ids, context, n)
+        counts = np.bincount(at, minlength=n)
+        short = counts > e.kv.available - (np.cumsum(counts) - counts)  # would fail
+        fits = int(np.argmax(short)) if short.any() else n
+        taken = min(int(np.searchsorted(times[:n], e.next_arrival_s)), fits)  # start before
+        if (taken < n and taken == fits) or taken == 0:
+            log.last = True  # the next step preempts (or an arrival is due right now)
+        if taken == 0:
             return 0
-        delay = _exact_delay(env.now, float(times[n]))
-        if delay is None:  # no single delay lands exactly there: one timeout a step
-            for d in compute[:n].tolist():
+        self._allocate(ids, context, (rids, nth), counts[:taken], log)
+        log.add_decodes(context, linear, attention[:taken], overhead, e)
+        log.compute += compute[:taken].tolist()
+        self._deliver(log, times[1 : taken + 1].tolist())
+        return taken
+
+    def _allocations(self, ids: np.ndarray, context: np.ndarray, n: int):
+        """The new blocks of the next ``n`` decode steps, by step and then in batch order (as
+        the scheduler allocates): each one's step, request, and its request's earlier ones."""
+        bt = self.engine.config.engine.block_tokens
+        first = np.maximum(self.engine.kv.held[ids] * bt - context, 0)  # steps until one
+        per = np.where(first < n, (n - 1 - first) // bt + 1, 0)
+        owner = np.repeat(np.arange(len(ids)), per)
+        nth = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+        order = np.lexsort((owner, first[owner] + bt * nth))
+        return (first[owner] + bt * nth)[order], ids[owner[order]], nth[order]
+
+    def _allocate(
+        self,
+        ids: np.ndarray,
+        context: np.ndarray,
+        blocks: tuple[np.ndarray, np.ndarray],
+        counts: np.ndarray,
+        log: _RunLog,
+    ) -> None:
+        """Allocate the new blocks of the decode steps taken (``counts`` a step; ``blocks``:
+        their requests in order, and each request's earlier ones), as the scheduler would step
+        by step, and note the HBM blocks after each step."""
+        kv = self.engine.kv
+        hbm = kv.tiers[HBM]
+        rids, nth = blocks
+        log.running += [len(ids)] * len(counts)
+        if kv.prefix:  # a step's registrations can change what the next allocation evicts
+            bounds = [0, *np.cumsum(counts).tolist()]
+            for j, (a, b) in enumerate(pairwise(bounds)):
+                for rid in rids[a:b].tolist():
+                    kv.allocate(rid, int(kv.held[rid]) * kv.bt + 1)  # its next block
+                log.resident.append(hbm.resident)
+                log.cached.append(len(hbm.evictable))
+                kv.register_full(ids, context + j + 1)
+            return
+        total = int(counts.sum())  # nothing is evicted (no cached blocks): order is all
+        kv.grow_each(rids[:total], nth[:total])
+        log.resident += (hbm.resident - total + np.cumsum(counts)).tolist()
+        log.cached += [len(hbm.evictable)] * len(counts)
+
+    def _advance(self, ids: np.ndarray, steps: int, finishes: bool, log: _RunLog) -> None:
+        """Apply ``steps`` decode steps of ``ids``; the last completes through the scheduler
+        if it ``finishes`` requests (after the run's timeout with prefix caching)."""
+        e = self.engine
+        s = e.scheduler
+        s.computed[ids] += steps - finishes
+        s.generated[ids] += steps - finishes
+        if not finishes:
+            return
+        ones = np.ones(len(ids), dtype=np.int64)
+        last = Batch(ids, ones, s.computed[ids], ones.astype(bool), ids[:0])
+        if e.kv.prefix:
+            log.last, log.pending = True, last  # released blocks are stamped with the clock
+        else:
+            s.complete(last, log.now)
+            log.snapshot(e, replace=True)
+
+    # --- the clock ------------------------------------------------------------------------------
+
+    def _wait(self, log: _RunLog):
+        """Wait until the run's end (its last step on its own timeout if an arrival ties with
+        its end, as the normal loop would), then complete what waited for the clock."""
+        e = self.engine
+        env, s = e.env, e.scheduler
+        if log.tied:
+            yield from self._wait_until(
+                log.ends[-2] if log.steps > 1 else log.began, log.compute[:-1]
+            )
+            yield env.timeout(log.compute[-1])
+            log.waiting[-1] = len(s.waiting)
+        else:
+            yield from self._wait_until(log.ends[-1], log.compute)
+        if log.pending is not None:
+            s.complete(log.pending, env.now)
+            log.snapshot(e, replace=True)
+
+    def _wait_until(self, end: float, compute: list[float]):
+        """One timeout to ``end`` if a delay lands exactly there, else one a step."""
+        env = self.engine.env
+        if not compute:
+            return
+        delay = _exact_delay(env.now, end)
+        if delay is None:
+            for d in compute:
                 yield env.timeout(d)
         else:
             yield env.timeout(delay)
-        log.ends.extend(times[1 : n + 1].tolist())
-        log.attention.extend(attention[:n].tolist())
-        log.waiting.extend([log.waiting_before] * (n - 1) + [len(e.scheduler.waiting)])
-        log.linear, log.overhead = linear, overhead
-        log.steps += n
-        return n
-
-    def _allocations(
-        self, ids: np.ndarray, context: np.ndarray, n: int
-    ) -> list[list[tuple[int, int]]]:
-        """Per step of the next ``n``: (request, tokens) of those that start a new block,
-        in batch order (as the scheduler allocates)."""
-        bt = self.engine.config.engine.block_tokens
-        first = np.maximum(self.engine.kv.held[ids] * bt - context, 0)  # steps until one
-        out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        for rid, j, ctx in zip(ids.tolist(), first.tolist(), context.tolist(), strict=True):
-            for step in range(j, n, bt):
-                out[step].append((rid, ctx + step + 1))
-        return out
-
-    def _apply(self, ids: np.ndarray, start: np.ndarray, log: _RunLog, finishes: bool) -> None:
-        """The run's effect on the scheduler and counters, and its timeline rows; the last
-        step goes through ``Scheduler.complete`` if it ``finishes`` requests."""
-        e = self.engine
-        s, kv, plan = e.scheduler, e.kv, e.plan
-        steps, bt = log.steps, e.config.engine.block_tokens
-        self.steps += steps
-        s.computed[ids] += steps - finishes
-        s.generated[ids] += steps - finishes
-        running = np.full(steps, len(ids))
-        if finishes:
-            ones = np.ones(len(ids), dtype=np.int64)
-            last = Batch(ids, ones, s.computed[ids], ones.astype(bool), ids[:0])
-            s.complete(last, e.env.now)
-            hbm = kv.tiers[HBM]
-            log.resident[-1], log.cached[-1] = hbm.resident, len(hbm.evictable)
-            running[-1] = len(s.running)
-        contexts = start[None, :] + np.arange(steps)[:, None]
-        reads = (-(-contexts // bt)).sum(axis=1)  # blocks each step reads, all in HBM
-        c = kv.counters
-        c.access_blocks += int(reads.sum())
-        c.access_hbm_hits += int(reads.sum())
-        e._link_deltas()  # the marks the next normal step's deltas start from
-        n = len(ids)
-        activations = e.cost.activation_bytes(n, n)
-        hbm = kv.tiers[HBM]
-        resident, cached = np.array(log.resident), np.array(log.cached)
-        running_b = (resident - cached) * hbm.block_bytes
-        cached_b = cached * hbm.block_bytes
-        used = plan.weights + plan.runtime_reserve + activations + running_b + cached_b + 0.0
-        times = np.array([log.began, *log.ends])
-        linear = np.full(steps, log.linear)
-        e.timeline.record_many(
-            steps,
-            time_s=times[:-1],
-            step_s=times[1:] - times[:-1],
-            batch_size=n,
-            step_tokens=n,
-            prefill_tokens=0,
-            decode_tokens=n,
-            sampled=n,
-            linear_s=linear,
-            attention_s=np.array(log.attention),
-            overhead_s=log.overhead,
-            stall_s=0.0,
-            running=running,
-            waiting=np.array(log.waiting),
-            preempted=0,
-            hbm_weights_bytes=plan.weights,
-            hbm_reserve_bytes=plan.runtime_reserve,
-            hbm_activation_bytes=activations,
-            hbm_kv_running_bytes=running_b,
-            hbm_kv_cached_bytes=cached_b,
-            hbm_staging_bytes=0.0,
-            hbm_kv_bytes=running_b + cached_b,
-            hbm_kv_pool_bytes=hbm.capacity * hbm.block_bytes,
-            hbm_free_bytes=plan.capacity - used,
-            dram_kv_bytes=kv.tiers[DRAM].used_bytes,
-            ssd_kv_bytes=kv.tiers[SSD].used_bytes,
-            h2d_bytes=0.0,
-            d2h_bytes=0.0,
-            ssd_read_bytes=0.0,
-            ssd_write_bytes=0.0,
-            h2d_util=0.0,
-            d2h_util=0.0,
-            hbm_hit_blocks=0.0,
-            dram_hit_blocks=0.0,
-            ssd_hit_blocks=0.0,
-            access_hbm_hits=reads.astype(np.float64),
-        )
 
 
 @dataclass
 class _RunLog:
-    """What a run's steps saw, for its timeline rows."""
+    """A run's steps as the columns of their timeline rows."""
 
     began: float
-    arrived: int  # requests arrived when it began: one more ends the run
-    waiting_before: int
-    steps: int = 0
+    last: bool = False  # the run ends after its latest step
+    tied: bool = False  # an arrival is delivered exactly at its last step's end
+    pending: Batch | None = None  # the last step, to complete once the clock is there
+    compute: list[float] = field(default_factory=list)  # each step's timeout
     ends: list[float] = field(default_factory=list)
-    resident: list[int] = field(default_factory=list)
-    cached: list[int] = field(default_factory=list)
+    batch: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    prefill: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)
+    linear: list[float] = field(default_factory=list)
     attention: list[float] = field(default_factory=list)
+    overhead: list[float] = field(default_factory=list)
+    activations: list[float] = field(default_factory=list)
+    reads: list[int] = field(default_factory=list)  # blocks the step reads (all in HBM)
     waiting: list[int] = field(default_factory=list)
-    linear: float = 0.0
-    overhead: float = 0.0
+    running: list[int] = field(default_factory=list)
+    resident: list[int] = field(default_factory=list)  # HBM blocks after the step
+    cached: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.ends)
+
+    @property
+    def now(self) -> float:
+        """When the next step starts."""
+        return self.ends[-1] if self.ends else self.began
+
+    def add_step(self, batch: Batch, cost: StepCost, e: Engine) -> None:
+        """One step of ``batch`` priced at ``cost``."""
+        s, bt = e.scheduler, e.config.engine.block_tokens
+        decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
+        self.compute.append(cost.total_s)
+        self.batch.append(len(batch.ids))
+        self.tokens.append(batch.num_tokens)
+        self.prefill.append(batch.num_tokens - int(np.count_nonzero(decode)))
+        self.sampled.append(batch.num_sampled)
+        self.linear.append(cost.linear_s)
+        self.attention.append(cost.attention_s)
+        self.overhead.append(cost.overhead_s)
+        self.activations.append(e.cost.activation_bytes(batch.num_tokens, batch.num_sampled))
+        self.reads.append(int((-(-batch.context // bt)).sum()))
+
+    def add_decodes(
+        self, context: np.ndarray, linear: float, attention: np.ndarray, overhead: float, e: Engine
+    ) -> None:
+        """``len(attention)`` decode steps of a batch whose contexts start at ``context``."""
+        k, n = len(attention), len(context)
+        self.add_steps(n, np.full(k, n), np.zeros(k, dtype=np.int64), np.full(k, n), e)
+        self.linear += [linear] * k
+        self.attention += attention.tolist()
+        self.overhead += [overhead] * k
+        self.reads += _reads(context, k, e).tolist()
+
+    def add_steps(
+        self, batch: int, tokens: np.ndarray, prefill: np.ndarray, sampled: np.ndarray, e: Engine
+    ) -> None:
+        """The shape of steps of ``batch`` sequences (``tokens``, ``prefill`` tokens and
+        ``sampled`` sequences in each)."""
+        self.batch += [batch] * len(tokens)
+        self.tokens += tokens.tolist()
+        self.prefill += prefill.tolist()
+        self.sampled += sampled.tolist()
+        activation, k = e.cost.activation_bytes, len(tokens)
+        if (tokens == tokens[0]).all() and (sampled == sampled[0]).all():  # decodes
+            self.activations += [activation(int(tokens[0]), int(sampled[0]))] * k
+        else:
+            pairs = zip(tokens.tolist(), sampled.tolist(), strict=True)
+            self.activations += [activation(t, n) for t, n in pairs]
+
+    def snapshot(self, e: Engine, replace: bool = False) -> None:
+        """The running count and HBM blocks after a step (``replace``: the last step's)."""
+        hbm = e.kv.tiers[HBM]
+        values = (len(e.scheduler.running), hbm.resident, len(hbm.evictable))
+        for column, value in zip((self.running, self.resident, self.cached), values, strict=True):
+            if replace:
+                column[-1] = value
+            else:
+                column.append(value)
+
+    def write(self, e: Engine) -> None:
+        """Count the run's reads and append its timeline rows."""
+        kv = e.kv
+        kv.counters.access_blocks += sum(self.reads)
+        kv.counters.access_hbm_hits += sum(self.reads)
+        e._link_deltas()  # the marks the next normal step's deltas start from
+        block_bytes = kv.tiers[HBM].block_bytes
+        resident, cached = np.array(self.resident), np.array(self.cached)
+        times = np.array([self.began, *self.ends])
+        step_s = times[1:] - times[:-1]
+        tokens, prefill = np.array(self.tokens), np.array(self.prefill)
+        nothing_moved = (0.0,) * 9 + (np.array(self.reads, dtype=np.float64),)
+        e.timeline.record_many(
+            self.steps,
+            time_s=times[:-1],
+            step_s=step_s,
+            batch_size=np.array(self.batch),
+            step_tokens=tokens,
+            prefill_tokens=prefill,
+            decode_tokens=tokens - prefill,
+            sampled=np.array(self.sampled),
+            linear_s=np.array(self.linear),
+            attention_s=np.array(self.attention),
+            overhead_s=np.array(self.overhead),
+            stall_s=0.0,
+            running=np.array(self.running),
+            waiting=np.array(self.waiting),
+            preempted=0,
+            **e.memory_columns(
+                step_s,
+                np.array(self.activations),
+                (resident - cached) * block_bytes,
+                cached * block_bytes,
+                0.0,
+                nothing_moved,
+            ),
+        )
+
+
+def _chunks(tokens: int, budget: int) -> np.ndarray:
+    """The chunks of ``tokens`` prefill tokens at ``budget`` a step, each of two or more (a
+    last chunk of one token is a decode kernel: it is left to a step of its own)."""
+    chunks = np.full(-(-tokens // budget), budget, dtype=np.int64)
+    chunks[-1] = tokens - budget * (len(chunks) - 1)
+    return chunks[:-1] if chunks[-1] == 1 else chunks
+
+
+def _reads(context: np.ndarray, steps: int, e: Engine) -> np.ndarray:
+    """Blocks read in each of ``steps`` decode steps of sequences from ``context`` tokens."""
+    contexts = context[None, :] + np.arange(steps)[:, None]
+    return (-(-contexts // e.config.engine.block_tokens)).sum(axis=1)
 
 
 def _exact_delay(now: float, end: float) -> float | None:

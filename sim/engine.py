@@ -60,8 +60,8 @@ class Engine:
         self.scheduler = Scheduler(config.engine, requests, self.kv)
         self.timeline = Timeline()
         self._wakeup = self.env.event()
-        self._arrived = 0
-        self.next_arrival_s = 0.0  # the arrival process keeps it
+        self._arrived = 0  # requests handed to the scheduler (by the arrival process or a run)
+        self.delivery_s = delivery_times(requests.arrival_s)
         self._marks = [0.0] * 10
         self.stall_s = 0.0
         loaded = self.scheduler._loaded
@@ -121,19 +121,33 @@ class Engine:
             self._wakeup.succeed()
 
     def _arrivals(self):
-        """Hand requests to the scheduler at their arrival times (one event per instant)."""
+        """Hand requests to the scheduler at their arrival times (one event per instant),
+        but those a run has handed over already."""
         arrival = self.requests.arrival_s
         times, starts = np.unique(arrival, return_index=True)
         bounds = [*starts.tolist(), len(arrival)]
         for i, at in enumerate(times.tolist()):
-            delay = at - self.env.now
-            self.next_arrival_s = self.env.now + delay  # when SimPy will fire it
-            yield self.env.timeout(delay)
-            for rid in range(bounds[i], bounds[i + 1]):
+            yield self.env.timeout(at - self.env.now)
+            first = max(bounds[i], self._arrived)
+            for rid in range(first, bounds[i + 1]):
                 self.scheduler.add(rid)
-            self._arrived = bounds[i + 1]
-            self._wake()
-        self.next_arrival_s = math.inf
+            self._arrived = max(self._arrived, bounds[i + 1])
+            if first < bounds[i + 1]:
+                self._wake()
+
+    @property
+    def next_arrival_s(self) -> float:
+        """When SimPy delivers the next request not yet handed over (inf: none is left)."""
+        i = self._arrived
+        return float(self.delivery_s[i]) if i < len(self.delivery_s) else math.inf
+
+    def deliver_before(self, t: float) -> None:
+        """Hand the scheduler the requests SimPy delivers before ``t`` (for a run, which
+        simulates ahead of the clock)."""
+        upto = int(np.searchsorted(self.delivery_s, t))
+        for rid in range(self._arrived, upto):
+            self.scheduler.add(rid)
+        self._arrived = max(self._arrived, upto)
 
     def _steps(self):
         """The engine loop: schedule, move what the step needs, compute, apply."""
@@ -141,8 +155,7 @@ class Engine:
         while True:
             if not s.has_work and self._arrived == len(self.requests):
                 return
-            run = self.decode_runs.length()
-            if run and (yield from self.decode_runs.run(run)):
+            if self.decode_runs.ready() and (yield from self.decode_runs.run()):
                 continue
             batch = s.schedule(self.env.now) if s.has_work else None
             if batch is None or len(batch.ids) == 0:
@@ -237,17 +250,9 @@ class Engine:
         self, start: float, step_s: float, batch: Batch, cost, io: StepIO, activations: float
     ) -> None:
         """One timeline row for a step (HBM as held during it, bytes moved during it)."""
-        plan, s, kv = self.plan, self.scheduler, self.kv
-        running, cached = kv.hbm_kv_bytes()
+        s = self.scheduler
         decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
         prefill = batch.num_tokens - int(np.count_nonzero(decode))  # decodes add one token
-        h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = self._link_deltas()
-        hbm_tier = kv.tiers[HBM]
-        pool = hbm_tier.capacity * hbm_tier.block_bytes
-        used = (
-            plan.weights + plan.runtime_reserve + activations + running + cached + io.staging_bytes
-        )
-        duration = max(step_s, 1e-12)
         self.timeline.record(
             time_s=start,
             step_s=step_s,
@@ -263,28 +268,62 @@ class Engine:
             running=len(s.running),
             waiting=len(s.waiting),
             preempted=len(batch.preempted),
-            hbm_weights_bytes=plan.weights,
-            hbm_reserve_bytes=plan.runtime_reserve,
-            hbm_activation_bytes=activations,
-            hbm_kv_running_bytes=running,
-            hbm_kv_cached_bytes=cached,
-            hbm_staging_bytes=io.staging_bytes,
-            hbm_kv_bytes=running + cached,
-            hbm_kv_pool_bytes=pool,
-            hbm_free_bytes=plan.capacity - used,
-            dram_kv_bytes=kv.tiers[DRAM].used_bytes,
-            ssd_kv_bytes=kv.tiers[SSD].used_bytes,
-            h2d_bytes=h2d,
-            d2h_bytes=d2h,
-            ssd_read_bytes=ssd_r,
-            ssd_write_bytes=ssd_w,
-            h2d_util=min(h2d_busy / duration, 1.0),
-            d2h_util=min(d2h_busy / duration, 1.0),
-            hbm_hit_blocks=hits[HBM],
-            dram_hit_blocks=hits[DRAM],
-            ssd_hit_blocks=hits[SSD],
-            access_hbm_hits=access_hits,
+            **self.memory_columns(
+                step_s, activations, *self.kv.hbm_kv_bytes(), io.staging_bytes, self._link_deltas()
+            ),
         )
+
+    def memory_columns(
+        self,
+        step_s: float | np.ndarray,
+        activations: float | np.ndarray,
+        kv_running: float | np.ndarray,
+        kv_cached: float | np.ndarray,
+        staging: float,
+        moved: tuple,
+    ) -> dict[str, float | np.ndarray]:
+        """A step's HBM, tier and link columns of the timeline (or a run's steps', as arrays);
+        ``moved``: what :meth:`_link_deltas` gives."""
+        plan, kv = self.plan, self.kv
+        hbm = kv.tiers[HBM]
+        h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = moved
+        used = plan.weights + plan.runtime_reserve + activations + kv_running + kv_cached + staging
+        duration = np.maximum(step_s, 1e-12)
+        return {
+            "hbm_weights_bytes": plan.weights,
+            "hbm_reserve_bytes": plan.runtime_reserve,
+            "hbm_activation_bytes": activations,
+            "hbm_kv_running_bytes": kv_running,
+            "hbm_kv_cached_bytes": kv_cached,
+            "hbm_staging_bytes": staging,
+            "hbm_kv_bytes": kv_running + kv_cached,
+            "hbm_kv_pool_bytes": hbm.capacity * hbm.block_bytes,
+            "hbm_free_bytes": plan.capacity - used,
+            "dram_kv_bytes": kv.tiers[DRAM].used_bytes,
+            "ssd_kv_bytes": kv.tiers[SSD].used_bytes,
+            "h2d_bytes": h2d,
+            "d2h_bytes": d2h,
+            "ssd_read_bytes": ssd_r,
+            "ssd_write_bytes": ssd_w,
+            "h2d_util": np.minimum(h2d_busy / duration, 1.0),
+            "d2h_util": np.minimum(d2h_busy / duration, 1.0),
+            "hbm_hit_blocks": hits[HBM],
+            "dram_hit_blocks": hits[DRAM],
+            "ssd_hit_blocks": hits[SSD],
+            "access_hbm_hits": access_hits,
+        }
+
+
+def delivery_times(arrival_s: np.ndarray) -> np.ndarray:
+    """When SimPy delivers each request (arrivals sorted): the arrival process waits
+    ``at - now`` after the previous instant, and the clock adds that delay, which does not
+    always land exactly on ``at``."""
+    times, counts = np.unique(arrival_s, return_counts=True)
+    delivered, now = [], 0.0
+    for at in times.tolist():
+        now = now + (at - now)
+        delivered.append(now)
+    return np.repeat(np.array(delivered, dtype=np.float64), counts)
 
 
 def simulate(

@@ -34,6 +34,7 @@ from sim.workload.requests import Requests
 
 PREFIX_MEMO = 64  # requests whose prefix lookups are memoised (per block-index version)
 FEW_VICTIMS = 8  # victims demoted one at a time (cheaper than arrays for so few)
+FEW_BLOCKS = 8  # fewer new blocks than this are allocated one call each
 
 
 def _distinct(ids: np.ndarray) -> bool:
@@ -167,12 +168,27 @@ class KvManager:
         k = self.need(rid, tokens)
         if k == 0:
             return
-        self._make_room(self.home, k)
+        if k > self.home.free_slots:
+            self._make_room(self.home, k)
         heat = self.access.initial_heat() if k == 1 else self.access.initial_heats(k)
         ids = self.table.new_many(rid, int(self.held[rid]), heat)
         self.home.add_pinned(ids)
         self.blocks[rid].extend(ids)
         self.held[rid] += k
+
+    def grow_each(self, rids: np.ndarray, nth: np.ndarray) -> None:
+        """One more block for each entry of ``rids``, in order: the same as :meth:`allocate`
+        for each, when the home tier has the room and new blocks draw no heat (full access).
+        A request may repeat: ``nth`` counts its entries before each."""
+        if len(rids) < FEW_BLOCKS or self.access.sparse or len(rids) > self.home.free_slots:
+            for rid in rids.tolist():  # (a few blocks: one at a time is quicker)
+                self.allocate(rid, (int(self.held[rid]) + 1) * self.bt)
+            return
+        ids = self.table.new_each(rids, self.held[rids] + nth)
+        self.home.add_pinned(ids)
+        for rid, b in zip(rids.tolist(), ids, strict=True):
+            self.blocks[rid].append(b)
+        np.add.at(self.held, rids, 1)
 
     # --- leaving ------------------------------------------------------------------------------
 
@@ -568,21 +584,27 @@ class KvManager:
 
     # --- one step -------------------------------------------------------------------------
 
-    def _read_sets(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray):
+    def _read_sets(
+        self, ids: np.ndarray, context: np.ndarray, new: np.ndarray
+    ) -> tuple[list[np.ndarray], np.ndarray]:
         """Blocks each sequence's attention reads, and the tokens it attends (sparse shrinks it)."""
         attended = context.copy()
-        reads, decode = [], []
-        sparse = self.access.sparse
-        ctxs = context.tolist()
-        for i, (rid, ctx, n) in enumerate(zip(ids.tolist(), ctxs, new.tolist(), strict=True)):
-            reads.append(self._block_array(rid, -(-ctx // self.bt)))
-            if sparse and n == 1 and ctx >= self.prompt[rid]:
-                decode.append(i)
+        reads, mirrors, lists = [], self._mirrors, self.blocks
+        for rid, n in zip(ids.tolist(), (-(-context // self.bt)).tolist(), strict=True):
+            mirror = mirrors.get(rid)  # the mirror is current: its view (else _block_array)
+            if mirror is not None and mirror[0] is lists[rid] and mirror[1] == len(mirror[0]):
+                reads.append(mirror[2][: min(n, mirror[1])])
+            else:
+                reads.append(self._block_array(rid, n))
+        if not self.access.sparse:
+            return reads, attended
+        decode = np.flatnonzero((new == 1) & (context >= self.prompt[ids])).tolist()
         if decode:  # all of the step's sparse decodes in one batch, in batch order
             picked = self.access.decode_blocks_many([reads[i] for i in decode], self.table.heat)
             for i, blocks in zip(decode, picked, strict=True):
                 reads[i] = blocks
-                attended[i] = min(ctxs[i], len(blocks) * self.bt)
+            sizes = np.array([len(b) for b in picked], dtype=context.dtype) * self.bt
+            attended[decode] = np.minimum(context[decode], sizes)
         return reads, attended
 
     def _block_array(self, rid: int, n: int) -> np.ndarray:
@@ -674,9 +696,10 @@ class KvManager:
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Blocks this step starts writing (its new tokens' blocks not yet holding KV)."""
+        first, end = -(-context // self.bt), -(-(context + new) // self.bt)
         out = []
-        for rid, ctx, n in zip(ids.tolist(), context.tolist(), new.tolist(), strict=True):
-            out.extend(self.blocks[rid][-(-ctx // self.bt) : -(-(ctx + n) // self.bt)])
+        for i in np.flatnonzero(end > first).tolist():  # most decodes start no block
+            out.extend(self.blocks[ids[i]][first[i] : end[i]])
         return np.asarray(out, dtype=np.int64)
 
     def _shrink(self, hbm: Tier, pinned: np.ndarray) -> None:
@@ -729,7 +752,7 @@ class KvManager:
             return (hbm.resident - cached) * hbm.block_bytes, cached * hbm.block_bytes
         n = t.size
         resident = t.where[HBM, :n]
-        running = int((resident & (t.ref[:n] > 0)).sum())
+        running = np.count_nonzero(resident & (t.ref[:n] > 0))
         return running * hbm.block_bytes, (hbm.resident - running) * hbm.block_bytes
 
     # --- invariants -----------------------------------------------------------------------

@@ -76,9 +76,10 @@ class Timeline:
 
     def record_many(self, rows: int, **columns: float | np.ndarray) -> None:
         """Append ``rows`` steps at once; a column is one value per row, or one for all."""
-        block = np.empty((rows, len(TIMELINE_COLUMNS)))
+        block = np.empty((len(TIMELINE_COLUMNS), rows))
         for i, value in enumerate(self._row(columns)):
-            block[:, i] = value
+            block[i] = value
+        block = block.T
         done = 0
         while done < rows:
             if self._fill == self.CHUNK_ROWS:

@@ -118,8 +118,9 @@ class Scheduler:
     def _remaining(self, ids: np.ndarray) -> np.ndarray:
         return self.prompt[ids] + self.generated[ids] - self.computed[ids]
 
-    def _schedule_running(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tokens for each running request in order, preempting from the tail if needed."""
+    def running_tokens(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each running request's tokens this step, in order (all it needs while ``budget``
+        lasts), the tokens it then holds, and the new blocks it needs for them."""
         ids = self.running
         computed = self.computed[ids]
         remaining = self.prompt[ids] + self.generated[ids] - computed
@@ -129,7 +130,12 @@ class Scheduler:
         else:
             n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
         target = computed + n
-        need = -(-target // self.engine.block_tokens) - self.kv.held[ids]
+        return n, target, -(-target // self.engine.block_tokens) - self.kv.held[ids]
+
+    def _schedule_running(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens for each running request in order, preempting from the tail if needed."""
+        ids = self.running
+        n, target, need = self.running_tokens(budget)
         growing = np.flatnonzero(need > 0)
         if len(growing) == 0:
             return ids, n, ids[:0]
@@ -219,13 +225,26 @@ class Scheduler:
             self.waiting.popleft()
             if n == 0:
                 continue
-            self.status[rid] = RUNNING
-            if np.isnan(self.scheduled_s[rid]):
-                self.scheduled_s[rid] = now
+            self._start(rid, now)
             ids.append(rid)
             tokens.append(n)
             budget -= n
         return ids, tokens
+
+    def _start(self, rid: int, now: float) -> None:
+        self.status[rid] = RUNNING
+        if np.isnan(self.scheduled_s[rid]):
+            self.scheduled_s[rid] = now
+
+    def admit_head(self, now: float) -> int:
+        """Admit the queue head as :meth:`schedule` does one that holds no blocks and finds
+        no cached prefix: it joins the running set with nothing computed (the caller then
+        allocates the blocks of its first chunk)."""
+        rid = self.waiting.popleft()
+        self.computed[rid] = 0
+        self._start(rid, now)
+        self.running = np.append(self.running, rid)
+        return rid
 
     def head_blocked(self) -> bool:
         """Whether the queue head cannot join a step that decodes the running set: no seat
@@ -264,9 +283,6 @@ class Scheduler:
         if self.kv.prefix:
             self.kv.hint_upcoming(list(islice(self.waiting, LOOKAHEAD_REQUESTS)))
         ids, n, preempted = self._schedule_running(budget)
-        if not n.all():
-            active = n > 0
-            ids, n = ids[active], n[active]
         if len(preempted) == 0:
             new_ids, new_tokens = self._admit_waiting(budget - int(n.sum()), now)
             if not new_ids and self._stuck() and self._return_held_blocks():
@@ -276,6 +292,13 @@ class Scheduler:
                 self.running = np.concatenate((self.running, new))
                 ids = np.concatenate((ids, new))
                 n = np.concatenate((n, np.array(new_tokens, dtype=np.int64)))
+        return self.batch(ids, n, preempted)
+
+    def batch(self, ids: np.ndarray, n: np.ndarray, preempted: np.ndarray) -> Batch:
+        """The step's batch: ``ids`` with ``n`` new tokens each (those given none left out)."""
+        if not n.all():
+            active = n > 0
+            ids, n = ids[active], n[active]
         context = self.computed[ids]  # a copy (fancy indexing)
         samples = context + n == self.prompt[ids] + self.generated[ids]
         return Batch(ids=ids, new_tokens=n, context=context, samples=samples, preempted=preempted)
@@ -296,5 +319,5 @@ class Scheduler:
             self.status[done] = FINISHED
             for rid in done.tolist():
                 self.kv.release(rid)
-            self.running = self.running[np.isin(self.running, done, invert=True)]
+            self.running = self.running[self.status[self.running] == RUNNING]
         return done

@@ -267,3 +267,84 @@ def test_engine_same_with_the_loop(monkeypatch):
     for summary in (plain.summary, batched.summary):
         summary.pop("wall_time_s", None)
     assert plain.summary == batched.summary
+
+
+def test_one_k_read_sets_are_rows_of_one_array():
+    # a fixed topk_blocks: the batch's read sets are the rows of one array, laid out as the
+    # loop's (sink, sorted top-k, window), C-contiguous and not the inputs
+    seqs, heat = shared_batch(np.random.default_rng(18), n_seqs=7, prefix=90)
+    for sink, window in ((0, 0), (1, 16), (3, 2)):
+        spec = sparse(sink_blocks=sink, window_blocks=window, topk_blocks=9, drift=0.1)
+        ref = assert_same(spec, seqs, heat)
+        assert all(len(r) == sink + 9 + window for r in ref)
+        model = AccessModel(spec, np.random.default_rng(7))
+        got = model.decode_blocks_many(seqs, heat.copy())
+        assert all(
+            r.flags.c_contiguous and not np.shares_memory(r, s)
+            for r, s in zip(got, seqs, strict=True)
+        )
+
+
+def test_mixed_k_and_a_short_threshold_in_one_batch():
+    # topk_fraction gives each sequence its own k; skewed scores send some middles down
+    # the per-middle path while the others take the threshold's rows
+    rng = np.random.default_rng(19)
+    seqs, heat = shared_batch(rng, n_seqs=10, prefix=70)
+    heat[seqs[3]] *= 1e-3
+    for drift in (0.0, 0.05):
+        assert_same(sparse(topk_fraction=0.2, window_blocks=4, drift=drift), seqs, heat)
+        assert_same(sparse(topk_blocks=12, window_blocks=4, drift=drift), seqs, heat)
+
+
+def test_step_read_sets_match_the_block_lists(monkeypatch):
+    """``KvManager._read_sets`` on a sparse run: every read set is the sequence's block list
+    up to its context (or its sparse pick, for a decode), and attended tokens follow."""
+    from sim.kvcache import KvManager
+
+    real_read, real_many = KvManager._read_sets, AccessModel.decode_blocks_many
+    seen = {"steps": 0, "decodes": 0, "prefills": 0}
+
+    def many(self, seqs, heat):
+        seen["given"] = [s.copy() for s in seqs]
+        seen["picked"] = real_many(self, seqs, heat)
+        return seen["picked"]
+
+    def read_sets(self, ids, context, new):
+        seen["given"] = seen["picked"] = []
+        reads, attended = real_read(self, ids, context, new)
+        full = [
+            np.asarray(self.blocks[r][: -(-c // self.bt)])
+            for r, c in zip(ids, context, strict=True)
+        ]
+        decode = [
+            i
+            for i, (r, c, n) in enumerate(zip(ids, context, new, strict=True))
+            if n == 1 and c >= self.prompt[r]
+        ]
+        assert len(seen["given"]) == len(decode)
+        for i, gave, picked in zip(decode, seen["given"], seen["picked"], strict=True):
+            assert np.array_equal(gave, full[i]) and reads[i] is picked
+            assert attended[i] == min(context[i], len(picked) * self.bt)
+        for i in set(range(len(ids))) - set(decode):
+            assert np.array_equal(reads[i], full[i]) and attended[i] == context[i]
+        seen["steps"] += 1
+        seen["decodes"] += len(decode)
+        seen["prefills"] += len(ids) - len(decode)
+        return reads, attended
+
+    monkeypatch.setattr(KvManager, "_read_sets", read_sets)
+    monkeypatch.setattr(AccessModel, "decode_blocks_many", many)
+    workload = {
+        "kind": "synthetic",
+        "num_requests": 24,
+        "arrival": {"kind": "poisson", "rate": 20.0},
+        "prompt_tokens": 900,
+        "output_tokens": 80,
+        "shared_prefix_tokens": 512,
+    }
+    kv = {
+        "mode": "dram_centric",
+        "access": {"kind": "sparse", "window_blocks": 4, "topk_blocks": 6},
+    }
+    simulate(make_config("engine.max_batched_tokens=1024", workload=workload, kv=kv))
+    assert seen["steps"] > 50 and seen["decodes"] > 200 and seen["prefills"] > 10

@@ -1,5 +1,5 @@
-"""Decode runs (sim/decoderun.py) change nothing but speed: runs on and off give the same
-files, their step costs are the cost model's, and they are taken where they should be."""
+"""Runs (sim/decoderun.py) change nothing but speed: runs on and off give the same files,
+their step costs are the cost model's, and they are taken where they should be."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from sim.config import build_config
 from sim.costmodel import CostModel, CostParams
-from sim.engine import Engine
+from sim.engine import Engine, delivery_times
 from sim.metrics import TIMELINE_COLUMNS, Timeline
 from sim.workload import build_requests
+from sim.workload.requests import Requests
 from tests.conftest import make_config, synthetic
 from tests.test_costtable import TINY, run_config, tiny_table
 
@@ -41,12 +42,17 @@ def _same_results(config) -> int:
 
 
 LOGNORMAL = {"kind": "lognormal", "mean": 300, "sigma": 0.8}
+LONG_OUTPUTS = {"kind": "uniform", "min": 20, "max": 300}
 CASES = {
     "poisson, no prefix": (
         [],
         synthetic(60, LOGNORMAL, {"kind": "uniform", "min": 5, "max": 90}, 20.0),
     ),
     "shared prefix": ([], synthetic(60, LOGNORMAL, 40, 20.0, shared=256)),
+    "shared prefix, finishes in prefill, small pool": (
+        ["engine.kv_pool_blocks=150", "engine.max_batched_tokens=256"],
+        synthetic(60, LOGNORMAL, {"kind": "uniform", "min": 1, "max": 4}, 30.0, shared=128),
+    ),
     "small pool, recompute": (
         ["engine.kv_pool_blocks=120"],
         synthetic(40, 400, {"kind": "uniform", "min": 20, "max": 200}, 50.0),
@@ -65,6 +71,10 @@ CASES = {
         synthetic(30, LOGNORMAL, 60, 10.0),
     ),
     "all at once": ([], {**synthetic(50, 200, 30, 1.0), "arrival": {"kind": "all_at_once"}}),
+    "arrivals while others decode and prefill": (
+        ["engine.max_batched_tokens=512"],
+        synthetic(150, {"kind": "lognormal", "mean": 900, "sigma": 0.6}, LONG_OUTPUTS, 6.0),
+    ),
 }
 
 
@@ -172,3 +182,121 @@ def test_the_option_is_a_config_key():
     )  # fmt: skip
     engine, _ = _run(config)
     assert engine.decode_runs.steps == 0
+
+
+def test_runs_take_admissions_prefill_chunks_and_finishes():
+    """Without prefix caching nothing needs the clock between steps: every step is a run's."""
+    config = make_config(
+        "engine.max_batched_tokens=512",
+        workload=synthetic(40, {"kind": "lognormal", "mean": 900, "sigma": 0.6}, 50, 6.0),
+    )
+    engine, result = _run(config)
+    running_before = result.timeline["running"].shift(fill_value=0)
+    idle_starts = int((running_before == 0).sum())  # a step after idling: the normal loop's
+    assert engine.decode_runs.steps == len(result.timeline) - idle_starts > 0
+    assert (result.timeline["prefill_tokens"] > 0).sum() > 40  # chunks of every prompt
+
+
+@pytest.mark.parametrize("decoders", [0, 37])
+@pytest.mark.parametrize("sliding", [None, 256])
+def test_prefill_steps_equal_one_step_at_a_time(decoders, sliding, tiny_model, cost_params):
+    model = tiny_model.model_copy(update={"sliding_window": sliding})
+    cost = CostModel(model, cost_params)
+    context = np.random.default_rng(4).integers(0, 5000, size=decoders)
+    chunks = np.array([300, 300, 300, 57])
+    sampled = np.array([0, 0, 0, 1]) + decoders
+    linear, attention, overhead = cost.prefill_steps(context, chunks, 700, sampled)
+    before = 700 + np.cumsum(chunks) - chunks
+    for j in range(len(chunks)):
+        new = np.append(np.ones(decoders, dtype=np.int64), chunks[j])
+        step = cost.step(new, np.append(context + j, before[j]), int(sampled[j]))
+        assert (step.linear_s, step.attention_s, step.overhead_s) == (
+            linear[j],
+            attention[j],
+            overhead,
+        )
+
+
+def test_grow_each_allocates_as_one_call_each():
+    config = make_config(workload=synthetic(5, 100, 10))
+    requests = build_requests(config.workload, config.seed, block_tokens=16)
+    one, many = Engine(config, requests).kv, Engine(config, requests).kv
+    rids = np.array([0, 1, 0, 2, 2, 2, 4, 1, 3, 0])
+    nth = np.array([int((rids[:i] == r).sum()) for i, r in enumerate(rids)])
+    for kv in (one, many):
+        for rid in range(5):
+            kv.allocate(rid, 100)
+    for rid in rids.tolist():
+        one.allocate(rid, int(one.held[rid]) * one.bt + 1)
+    many.grow_each(rids, nth)
+    assert one.blocks == many.blocks and (one.held == many.held).all()
+    n = one.table.size
+    for name in ("ref", "owner", "position", "heat", "hash", "access_count", "dirty"):
+        assert (getattr(one.table, name)[:n] == getattr(many.table, name)[:n]).all(), name
+    assert (one.table.where[:, :n] == many.table.where[:, :n]).all()
+    assert one.tiers[0].resident == many.tiers[0].resident
+
+
+def _requests(arrival: list[float], prompt: int = 300, output: int = 40) -> Requests:
+    n = len(arrival)
+    return Requests(
+        np.array(arrival), np.full(n, prompt, dtype=np.int64), np.full(n, output, dtype=np.int64)
+    )
+
+
+def test_delivery_times_are_when_simpy_hands_requests_over():
+    """The clock adds ``at - now`` to ``now``: not always exactly ``at``."""
+    rng = np.random.default_rng(1)
+    gaps = rng.exponential(0.3, 60) * rng.choice([1e-6, 1.0, 1e3], 60)
+    arrival = [0.7, 3.1, *(3.1 + np.cumsum(gaps)).tolist()]  # 0.7 + (3.1 - 0.7) != 3.1
+    config = make_config("engine.decode_runs=false")
+    engine = Engine(config, _requests(arrival, 50, 5))
+    seen: list[float] = []
+    add = engine.scheduler.add
+    engine.scheduler.add = lambda rid: seen.append(engine.env.now) or add(rid)
+    engine.run()
+    assert seen == delivery_times(np.array(arrival)).tolist()
+    assert seen != arrival  # the case exercises rounding
+
+
+def test_an_arrival_at_exactly_a_step_end_is_seen_as_without_runs():
+    """SimPy's event order decides whether a request delivered at a step's very end joins
+    the next step; a run must leave that step to its own timeout, as the loop does."""
+    config = make_config()
+    off = config.model_copy(
+        update={"engine": config.engine.model_copy(update={"decode_runs": False})}
+    )
+    base = [0.0, 0.001]
+    _, first = _run_with(off, _requests(base))
+    ends = first.timeline["time_s"].to_numpy()[5:30]  # step boundaries while both decode
+    tied = [t for t in ends.tolist() if delivery_times(np.array([*base, t]))[-1] == t]
+    assert tied  # some boundary the clock can land on exactly
+    requests = _requests([*base, tied[0]])
+    _, a = _run_with(off, requests)
+    _, b = _run_with(config, requests)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+    assert a.requests["scheduled_s"].iloc[2] == tied[0]  # it joined the very next step
+
+
+def _run_with(config, requests):
+    engine = Engine(config, requests)
+    return engine, engine.run()
+
+
+def test_blocks_are_released_at_the_finish_time_with_prefix_caching():
+    """Cached blocks are stamped with the clock when released: a run's finishes wait for it."""
+    overrides, workload = CASES["shared prefix, finishes in prefill, small pool"]
+    released = {}
+    for runs in (False, True):
+        flag = f"engine.decode_runs={str(runs).lower()}"
+        config = make_config(*overrides, flag, workload=workload)
+        engine = Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
+        release, log = engine.kv.release, []
+        engine.kv.release = lambda rid, e=engine, f=release, log=log: (
+            log.append((rid, e.env.now)) or f(rid)
+        )
+        engine.run()
+        released[runs] = log
+    assert released[True] == released[False]
+    assert engine.decode_runs.steps > 0
