@@ -11,13 +11,15 @@ one SimPy timeout for all of them and writes their timeline rows at once. Its st
   block allocations made at block boundaries in the order the scheduler would;
 - prefill chunks: while someone is in prefill, each step gives every running request its
   tokens by the scheduler's rule (:meth:`Scheduler.running_tokens`);
-- admissions (without prefix caching, where admitting reads nothing from other tiers): the
-  scheduler's own :meth:`Scheduler.schedule`.
+- admissions: the scheduler's own :meth:`Scheduler.schedule` (in ``hbm`` mode a cached
+  prefix is in HBM: admitting reads no other tier).
+
+While a run plans a step, the KV manager's clock (:attr:`KvManager.now`) reads that step's
+time, as SimPy's would: blocks cached or evicted then are stamped as in the normal loop.
 
 A run ends where the normal loop must decide with the clock: a step that would preempt,
-an admission with prefix caching (or of a swapped-out request), a finish with prefix
-caching (released blocks are stamped with the clock), an arrival delivered at exactly a
-step's end, or nothing left running. Results are bit-identical to
+an admission of a swapped-out request, an arrival delivered at exactly a step's end, or
+nothing left running. Results are bit-identical to
 ``engine.decode_runs: false`` (tests/test_decode_runs.py).
 """
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 FIRST_CHUNK = 16  # decode steps priced at once at first; doubles while the decodes go on
 MAX_CHUNK = 1024
+MAX_RUN_STEPS = 8192  # a run's rows wait in lists until it ends: keep that bounded
 ADMIT, PREFILL, DECODE = "admit", "prefill", "decode"
 
 
@@ -71,7 +74,7 @@ class DecodeRuns:
             return None  # (in hbm mode no block copies are queued between steps)
         decoding = self._decoding()
         if s.waiting and not (decoding and not kv.prefix and s.head_blocked()):
-            if kv.prefix or kv.swapped or self._preempts():
+            if kv.swapped or self._preempts():
                 return None
             return ADMIT
         if not decoding:
@@ -94,17 +97,20 @@ class DecodeRuns:
     def run(self):
         """Simulate a run (a SimPy generator); returns how many steps it took."""
         e = self.engine
-        if e.kv.prefix:
-            e.kv.hint_upcoming([])  # as the scheduler does each step: nothing waits
+        kv = e.kv
         log = _RunLog(e.env.now)
-        while not log.last and (kind := self._next()) is not None:
+        while not log.last and log.steps < MAX_RUN_STEPS and (kind := self._next()) is not None:
+            kv.planned_s = log.now
+            if kind != ADMIT and kv.prefix:
+                kv.hint_upcoming([])  # as the scheduler does each step: nobody waits
             if kind == DECODE:
                 self._decodes(log)
             elif kind == ADMIT and self._admits_alone(log):
-                self.engine.scheduler.admit_head(log.now)
+                e.scheduler.admit_head(log.now)
                 self._prefill_chunks(log)
             elif kind == ADMIT or not self._prefill_chunks(log):
                 self._scheduled_step(kind, log)
+        kv.planned_s = None
         if log.steps:
             yield from self._wait(log)
             self.steps += log.steps
@@ -117,13 +123,14 @@ class DecodeRuns:
         """An admission or prefill step, priced by :meth:`CostModel.step`."""
         e = self.engine
         s = e.scheduler
+        hits = list(e.kv.counters.hits)
         batch = s.schedule(log.now) if kind == ADMIT else self._prefill_batch()
         if batch is None:  # the pool is short: the normal step preempts
             log.last = True
             return
         cost = e.cost.step(batch.new_tokens, batch.context, batch.num_sampled)
         end = log.now + cost.total_s  # as SimPy adds the step's timeout
-        log.add_step(batch, cost, e)
+        log.add_step(batch, cost, e, [b - a for a, b in zip(hits, e.kv.counters.hits, strict=True)])
         self._close_step(log, end, batch)
 
     def _prefill_batch(self) -> Batch | None:
@@ -152,7 +159,7 @@ class DecodeRuns:
         tokens = int(s.prompt[rid] + s.generated[rid])
         chunk = min(tokens, left)
         alone = len(s.waiting) == 1 or chunk == left  # no budget left for the next one
-        if kv.held[rid] or not alone or n >= s.engine.max_num_seqs or chunk < 2:
+        if kv.prefix or kv.held[rid] or not alone or n >= s.engine.max_num_seqs or chunk < 2:
             return False
         if not s.engine.chunked_prefill and tokens > left:
             return False
@@ -250,15 +257,11 @@ class DecodeRuns:
 
     def _close_step(self, log: _RunLog, end: float, batch: Batch) -> None:
         """End a scheduled step at ``end``: deliver what arrives during it, then complete
-        ``batch`` (after the run's timeout if it finishes a request with prefix caching)."""
+        ``batch``."""
         e = self.engine
-        s = e.scheduler
         self._deliver(log, [end])
-        sampled = batch.ids[batch.samples]
-        if e.kv.prefix and (s.generated[sampled] + 1 >= s.output[sampled]).any():
-            log.last, log.pending = True, batch  # released blocks are stamped with the clock
-        else:
-            s.complete(batch, end)
+        e.kv.planned_s = end
+        e.scheduler.complete(batch, end)
         log.snapshot(e)
 
     def _deliver(self, log: _RunLog, ends: list[float]) -> None:
@@ -266,7 +269,7 @@ class DecodeRuns:
         last of them, and note how many wait after each."""
         e = self.engine
         before = len(e.scheduler.waiting)
-        e.deliver_before(ends[-1])
+        log.delivered += e.deliver_before(ends[-1])
         log.ends += ends
         log.waiting += [before] * (len(ends) - 1) + [len(e.scheduler.waiting)]
         if e.next_arrival_s == ends[-1]:  # delivered exactly at the step's end
@@ -280,12 +283,12 @@ class DecodeRuns:
         ids = s.running.copy()
         start = s.computed[ids]
         steps = int((s.output[ids] - s.generated[ids]).min())  # up to the next finish
-        taken, chunk, arrived = 0, FIRST_CHUNK, self.engine._arrived
+        taken, chunk, delivered = 0, FIRST_CHUNK, log.delivered
         while taken < steps:
             n = min(chunk, steps - taken, MAX_CHUNK)
             ran = self._decode_chunk(ids, start + taken, n, log)
             taken += ran
-            if ran < n or log.last or self.engine._arrived != arrived:  # someone arrived
+            if ran < n or log.last or log.delivered != delivered:  # someone arrived
                 break
             chunk *= 2
         if taken:
@@ -307,7 +310,7 @@ class DecodeRuns:
             log.last = True  # the next step preempts (or an arrival is due right now)
         if taken == 0:
             return 0
-        self._allocate(ids, context, (rids, nth), counts[:taken], log)
+        self._allocate(ids, context, (rids, nth), counts[:taken], times[:taken], log)
         log.add_decodes(context, linear, attention[:taken], overhead, e)
         log.compute += compute[:taken].tolist()
         self._deliver(log, times[1 : taken + 1].tolist())
@@ -330,6 +333,7 @@ class DecodeRuns:
         context: np.ndarray,
         blocks: tuple[np.ndarray, np.ndarray],
         counts: np.ndarray,
+        starts: np.ndarray,
         log: _RunLog,
     ) -> None:
         """Allocate the new blocks of the decode steps taken (``counts`` a step; ``blocks``:
@@ -340,13 +344,16 @@ class DecodeRuns:
         rids, nth = blocks
         log.running += [len(ids)] * len(counts)
         if kv.prefix:  # a step's registrations can change what the next allocation evicts
+            hashed = kv.registered[ids] < kv.hashed_blocks[ids]  # those that may register
             bounds = [0, *np.cumsum(counts).tolist()]
             for j, (a, b) in enumerate(pairwise(bounds)):
+                kv.planned_s = float(starts[j])  # evicting a cached block reads the clock
                 for rid in rids[a:b].tolist():
                     kv.allocate(rid, int(kv.held[rid]) * kv.bt + 1)  # its next block
                 log.resident.append(hbm.resident)
                 log.cached.append(len(hbm.evictable))
-                kv.register_full(ids, context + j + 1)
+                if hashed.any():
+                    kv.register_full(ids[hashed], context[hashed] + j + 1)
             return
         total = int(counts.sum())  # nothing is evicted (no cached blocks): order is all
         kv.grow_each(rids[:total], nth[:total])
@@ -363,18 +370,15 @@ class DecodeRuns:
         if not finishes:
             return
         ones = np.ones(len(ids), dtype=np.int64)
-        last = Batch(ids, ones, s.computed[ids], ones.astype(bool), ids[:0])
-        if e.kv.prefix:
-            log.last, log.pending = True, last  # released blocks are stamped with the clock
-        else:
-            s.complete(last, log.now)
-            log.snapshot(e, replace=True)
+        e.kv.planned_s = log.now
+        s.complete(Batch(ids, ones, s.computed[ids], ones.astype(bool), ids[:0]), log.now)
+        log.snapshot(e, replace=True)
 
     # --- the clock ------------------------------------------------------------------------------
 
     def _wait(self, log: _RunLog):
-        """Wait until the run's end (its last step on its own timeout if an arrival ties with
-        its end, as the normal loop would), then complete what waited for the clock."""
+        """Wait until the run's end: its last step on its own timeout if an arrival ties with
+        its end, as the normal loop would (the queue that step ends with is counted then)."""
         e = self.engine
         env, s = e.env, e.scheduler
         if log.tied:
@@ -385,9 +389,6 @@ class DecodeRuns:
             log.waiting[-1] = len(s.waiting)
         else:
             yield from self._wait_until(log.ends[-1], log.compute)
-        if log.pending is not None:
-            s.complete(log.pending, env.now)
-            log.snapshot(e, replace=True)
 
     def _wait_until(self, end: float, compute: list[float]):
         """One timeout to ``end`` if a delay lands exactly there, else one a step."""
@@ -409,7 +410,8 @@ class _RunLog:
     began: float
     last: bool = False  # the run ends after its latest step
     tied: bool = False  # an arrival is delivered exactly at its last step's end
-    pending: Batch | None = None  # the last step, to complete once the clock is there
+    hits: list[list[float]] = field(default_factory=list)  # prefix hits (hbm, dram, ssd)
+    delivered: int = 0  # requests handed to the scheduler
     compute: list[float] = field(default_factory=list)  # each step's timeout
     ends: list[float] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)
@@ -435,8 +437,8 @@ class _RunLog:
         """When the next step starts."""
         return self.ends[-1] if self.ends else self.began
 
-    def add_step(self, batch: Batch, cost: StepCost, e: Engine) -> None:
-        """One step of ``batch`` priced at ``cost``."""
+    def add_step(self, batch: Batch, cost: StepCost, e: Engine, hits: list[int]) -> None:
+        """One step of ``batch`` priced at ``cost``, which found ``hits`` cached blocks."""
         s, bt = e.scheduler, e.config.engine.block_tokens
         decode = (batch.new_tokens == 1) & (batch.context >= s.prompt[batch.ids])
         self.compute.append(cost.total_s)
@@ -449,6 +451,7 @@ class _RunLog:
         self.overhead.append(cost.overhead_s)
         self.activations.append(e.cost.activation_bytes(batch.num_tokens, batch.num_sampled))
         self.reads.append(int((-(-batch.context // bt)).sum()))
+        self.hits.append(hits)
 
     def add_decodes(
         self, context: np.ndarray, linear: float, attention: np.ndarray, overhead: float, e: Engine
@@ -467,6 +470,7 @@ class _RunLog:
         """The shape of steps of ``batch`` sequences (``tokens``, ``prefill`` tokens and
         ``sampled`` sequences in each)."""
         self.batch += [batch] * len(tokens)
+        self.hits += [[0, 0, 0]] * len(tokens)
         self.tokens += tokens.tolist()
         self.prefill += prefill.tolist()
         self.sampled += sampled.tolist()
@@ -492,13 +496,14 @@ class _RunLog:
         kv = e.kv
         kv.counters.access_blocks += sum(self.reads)
         kv.counters.access_hbm_hits += sum(self.reads)
-        e._link_deltas()  # the marks the next normal step's deltas start from
+        e.link_deltas()  # the marks the next normal step's deltas start from
         block_bytes = kv.tiers[HBM].block_bytes
         resident, cached = np.array(self.resident), np.array(self.cached)
         times = np.array([self.began, *self.ends])
         step_s = times[1:] - times[:-1]
         tokens, prefill = np.array(self.tokens), np.array(self.prefill)
-        nothing_moved = (0.0,) * 9 + (np.array(self.reads, dtype=np.float64),)
+        hits = np.array(self.hits, dtype=np.float64).reshape(-1, 3).T
+        nothing_moved = (0.0,) * 6 + (*hits, np.array(self.reads, dtype=np.float64))
         e.timeline.record_many(
             self.steps,
             time_s=times[:-1],
@@ -521,7 +526,7 @@ class _RunLog:
                 (resident - cached) * block_bytes,
                 cached * block_bytes,
                 0.0,
-                nothing_moved,
+                nothing_moved,  # but prefix hits at admissions
             ),
         )
 

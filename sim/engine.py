@@ -141,13 +141,15 @@ class Engine:
         i = self._arrived
         return float(self.delivery_s[i]) if i < len(self.delivery_s) else math.inf
 
-    def deliver_before(self, t: float) -> None:
+    def deliver_before(self, t: float) -> int:
         """Hand the scheduler the requests SimPy delivers before ``t`` (for a run, which
-        simulates ahead of the clock)."""
-        upto = int(np.searchsorted(self.delivery_s, t))
-        for rid in range(self._arrived, upto):
+        simulates ahead of the clock); how many."""
+        first = self._arrived
+        upto = max(int(np.searchsorted(self.delivery_s, t)), first)
+        for rid in range(first, upto):
             self.scheduler.add(rid)
-        self._arrived = max(self._arrived, upto)
+        self._arrived = upto
+        return upto - first
 
     def _steps(self):
         """The engine loop: schedule, move what the step needs, compute, apply."""
@@ -233,7 +235,7 @@ class Engine:
             yield event
             yield self.env.timeout(per_layer)
 
-    def _link_deltas(self) -> tuple[float, ...]:
+    def link_deltas(self) -> tuple[float, ...]:
         links, c = self.links, self.kv.counters
         h2d, d2h = links.h2d, links.d2h
         hbm, dram, ssd = c.hits
@@ -269,7 +271,7 @@ class Engine:
             waiting=len(s.waiting),
             preempted=len(batch.preempted),
             **self.memory_columns(
-                step_s, activations, *self.kv.hbm_kv_bytes(), io.staging_bytes, self._link_deltas()
+                step_s, activations, *self.kv.hbm_kv_bytes(), io.staging_bytes, self.link_deltas()
             ),
         )
 
@@ -283,7 +285,7 @@ class Engine:
         moved: tuple,
     ) -> dict[str, float | np.ndarray]:
         """A step's HBM, tier and link columns of the timeline (or a run's steps', as arrays);
-        ``moved``: what :meth:`_link_deltas` gives."""
+        ``moved``: what :meth:`link_deltas` gives."""
         plan, kv = self.plan, self.kv
         hbm = kv.tiers[HBM]
         h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = moved

@@ -76,6 +76,7 @@ class KvManager:
         hbm_blocks: int, rng: np.random.Generator,
     ):  # fmt: skip
         self.config, self.env, self.links = config, env, links
+        self.planned_s: float | None = None  # a run's clock while it plans ahead of SimPy's
         kv = config.kv
         self.mode = kv.mode
         self.bt = config.engine.block_tokens
@@ -142,6 +143,11 @@ class KvManager:
         """What losing block ``b`` costs: the prefix tokens to recompute up to and with it."""
         return float((self.table.position[b] + 1) * self.bt)
 
+    @property
+    def now(self) -> float:
+        """The clock: SimPy's, or the time of the step a run is planning."""
+        return self.env.now if self.planned_s is None else self.planned_s
+
     # --- room in the home tier ----------------------------------------------------------------
 
     @property
@@ -194,7 +200,7 @@ class KvManager:
 
     def release(self, rid: int) -> None:
         """``rid`` no longer needs its blocks: cache the hashed ones, drop the rest (tail first)."""
-        now = self.env.now
+        now = self.now
         self._mirrors.pop(rid, None)
         if self.prefetch.sessions is not None:
             self.prefetch.turn_ended(rid, self.blocks[rid])
@@ -323,7 +329,7 @@ class KvManager:
             self.tiers[HBM].remove_many(ids)  # HBM caches DRAM: blocks leaving home leave it
         if below is not None and down.any():
             going = ids[down]
-            below.add_evictable_many(going, self.env.now)
+            below.add_evictable_many(going, self.now)
             # the same float sums as one copy per block
             key = ("d2h" if tier.index == HBM else "ssd_write", tier.index == HBM)
             total = self._copies.get(key, 0.0)
@@ -353,7 +359,7 @@ class KvManager:
         if tier.available < 1:
             return False
         self._make_room(tier, 1)
-        tier.add(b, self.env.now, evictable=True)
+        tier.add(b, self.now, evictable=True)
         return True
 
     def _copy(self, link: str, nbytes: float, blocking: bool) -> None:
@@ -377,7 +383,7 @@ class KvManager:
         if swap and self.mode != "dram_centric" and dram.available >= len(self.blocks[rid]):
             moving = [b for b in self.blocks[rid] if not self.table.where[DRAM, b]]
             self._make_room(dram, len(moving))
-            now = self.env.now
+            now = self.now
             for b in self.blocks[rid]:
                 self.tiers[HBM].remove(b)
                 if self.table.where[DRAM, b]:
@@ -395,7 +401,7 @@ class KvManager:
         """Bring a swapped request's blocks back to HBM (the step waits for the copy)."""
         blocks = self.blocks[rid]
         self._make_room(self.home, len(blocks))
-        now = self.env.now
+        now = self.now
         dram = self.tiers[DRAM]
         for b in blocks:
             dram.remove(b)
@@ -454,7 +460,7 @@ class KvManager:
             return False
         c = self.counters
         c.lookup_blocks += min(len(self.hashes[rid]), (int(self.prompt[rid]) - 1) // self.bt)
-        now = self.env.now
+        now = self.now
         loads = self._reference(hits)
         on_ssd = [b for b in loads if not self.table.where[DRAM, b]]
         sources = self._pin_sources(loads)
@@ -526,7 +532,7 @@ class KvManager:
                         self._insert(dram, b)
         if self.home.index == HBM and blocks:
             yield self.links.h2d.transfer(len(blocks) * dram.block_bytes, dram.block_bytes)
-        now = self.env.now
+        now = self.now
         for tier, b in sources:
             if self.table.where[tier.index, b]:
                 tier.make_evictable(b, now)
@@ -633,7 +639,7 @@ class KvManager:
         self, ids: np.ndarray, context: np.ndarray, new: np.ndarray, room_bytes: float
     ) -> StepIO:
         """Account a step's reads; in ``dram_centric`` fit the HBM cache into ``room_bytes``."""
-        t, now, c = self.table, self.env.now, self.counters
+        t, now, c = self.table, self.now, self.counters
         self.flush_copies()
         blocking, self.blocking = self.blocking, []
         if self.mode != "dram_centric" and not self.access.sparse:
@@ -721,7 +727,7 @@ class KvManager:
         the blocks resident before suffice (inserted ones are newer than all of them); the
         rest, if any, goes one at a time.
         """
-        now = self.env.now
+        now = self.now
         todo = blocks[~self.table.where[HBM, blocks]]
         if len(todo) > 1 and _distinct(todo):
             short = len(todo) - hbm.free_slots

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim import decoderun
 from sim.config import build_config
 from sim.costmodel import CostModel, CostParams
 from sim.engine import Engine, delivery_times
@@ -284,19 +285,37 @@ def _run_with(config, requests):
     return engine, engine.run()
 
 
-def test_blocks_are_released_at_the_finish_time_with_prefix_caching():
-    """Cached blocks are stamped with the clock when released: a run's finishes wait for it."""
+def test_the_kv_manager_sees_each_step_time_as_without_runs():
+    """Cached blocks are stamped with the clock when released or evicted: a run, planning
+    ahead of SimPy, gives the KV manager the time of the step it plans."""
     overrides, workload = CASES["shared prefix, finishes in prefill, small pool"]
-    released = {}
+    seen = {}
     for runs in (False, True):
         flag = f"engine.decode_runs={str(runs).lower()}"
         config = make_config(*overrides, flag, workload=workload)
         engine = Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
-        release, log = engine.kv.release, []
-        engine.kv.release = lambda rid, e=engine, f=release, log=log: (
-            log.append((rid, e.env.now)) or f(rid)
-        )
+        kv, log = engine.kv, []
+        for name in ("release", "_make_room"):
+            setattr(kv, name, _noting_the_clock(kv, name, log))
         engine.run()
-        released[runs] = log
-    assert released[True] == released[False]
+        seen[runs] = log
+    assert seen[True] == seen[False]
+    assert {"release", "_make_room"} <= {name for name, _ in seen[True]}
     assert engine.decode_runs.steps > 0
+
+
+def test_runs_cut_at_their_step_bound_change_nothing(monkeypatch):
+    """A run's rows wait in memory until it ends, so runs end every MAX_RUN_STEPS steps."""
+    monkeypatch.setattr(decoderun, "MAX_RUN_STEPS", 7)
+    overrides, workload = CASES["arrivals while others decode and prefill"]
+    assert _same_results(make_config(*overrides, workload=workload)) > 0
+
+
+def _noting_the_clock(kv, name: str, log: list):
+    call = getattr(kv, name)
+
+    def noted(*args):
+        log.append((name, kv.now))
+        return call(*args)
+
+    return noted
