@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -31,9 +31,8 @@ class LRU(EvictionPolicy):
 
     def on_insert_many(self, keys: np.ndarray | list[int], now: float = 0.0) -> None:
         """:meth:`on_insert` each of ``keys``, in order."""
-        order = self._order
-        for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
-            order[key] = None
+        # OrderedDict.update assigns in order, as one insert each (a known key keeps its place)
+        self._order.update(dict.fromkeys(keys.tolist() if isinstance(keys, np.ndarray) else keys))
 
     def on_access(self, key: int, now: float = 0.0) -> None:
         """``key`` is now the most recent."""
@@ -51,9 +50,7 @@ class LRU(EvictionPolicy):
 
     def on_remove_many(self, keys: Sequence[int]) -> None:
         """Forget each of ``keys``."""
-        order = self._order
-        for key in keys:
-            del order[key]
+        deque(map(self._order.__delitem__, keys), maxlen=0)  # one del each, looped in C
 
     on_evict_many = on_remove_many
 

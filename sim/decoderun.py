@@ -355,14 +355,14 @@ class DecodeRuns:
                 if hashed.any():
                     kv.register_full(ids[hashed], context[hashed] + j + 1)
             return
-        total = int(counts.sum())  # nothing is evicted (no cached blocks): order is all
+        total = int(counts.sum())  # nothing cached, nothing evicted: one call, same ids
         kv.grow_each(rids[:total], nth[:total])
         log.resident += (hbm.resident - total + np.cumsum(counts)).tolist()
         log.cached += [len(hbm.evictable)] * len(counts)
 
     def _advance(self, ids: np.ndarray, steps: int, finishes: bool, log: _RunLog) -> None:
         """Apply ``steps`` decode steps of ``ids``; the last completes through the scheduler
-        if it ``finishes`` requests (after the run's timeout with prefix caching)."""
+        if it ``finishes`` requests."""
         e = self.engine
         s = e.scheduler
         s.computed[ids] += steps - finishes
@@ -410,7 +410,7 @@ class _RunLog:
     began: float
     last: bool = False  # the run ends after its latest step
     tied: bool = False  # an arrival is delivered exactly at its last step's end
-    hits: list[list[float]] = field(default_factory=list)  # prefix hits (hbm, dram, ssd)
+    hits: list[list[int]] = field(default_factory=list)  # prefix hits (hbm, dram, ssd)
     delivered: int = 0  # requests handed to the scheduler
     compute: list[float] = field(default_factory=list)  # each step's timeout
     ends: list[float] = field(default_factory=list)

@@ -1,4 +1,5 @@
-"""The engine: a SimPy process doing one event per step, fed by an arrival process."""
+"""The engine: a SimPy process doing one event per step, fed by an arrival process; steps
+that need no clock are taken in runs (sim/decoderun.py), one event for many steps."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
+from operator import itemgetter
 
 import numpy as np
 import simpy
@@ -432,13 +433,9 @@ class KvManager:
             return memo[1]
         hashes = self.hashes[rid]
         limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
-        index = self.table.index
-        ids = []
-        for h in hashes[:limit].tolist():
-            b = index.get(h)
-            if b is None:
-                break
-            ids.append(b)
+        ids = list(map(self.table.index.get, hashes[:limit].tolist()))
+        if None in ids:  # cut at the first hash not registered
+            del ids[ids.index(None) :]
         if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, and a prefetch lookahead
             self._prefix_memo = {}
         self._prefix_memo[rid] = (version, ids)
@@ -449,7 +446,7 @@ class KvManager:
         new = max(-(-tokens // self.bt) - len(hits), 0)
         if not hits:
             return new
-        ids = [b for b, _ in hits]
+        ids = list(map(itemgetter(0), hits))
         taken = sum(map(self.home.evictable.__contains__, ids))
         elsewhere = len(ids) - int(np.count_nonzero(self.table.where[self.home.index, ids]))
         return new + taken + elsewhere
@@ -651,7 +648,7 @@ class KvManager:
             c.access_hbm_hits += read
             return StepIO(0.0, 0.0, blocking, 0.0, context, 0.0)
         reads, attended = self._read_sets(ids, context, new)
-        need = self._union(reads)
+        need, pinned = self._union(reads)
         if self.heat_log is not None and self.heat_log.due(now):
             self.heat_log.record(now, reads, t.where)
         self.step_reads = need
@@ -662,19 +659,17 @@ class KvManager:
             c.access_hbm_hits += len(need)
             return StepIO(0.0, 0.0, blocking, 0.0, attended, 0.0)
         hbm, dram = self.tiers[HBM], self.tiers[DRAM]
-        misses = need[~t.where[HBM, need]]
-        c.access_hbm_hits += len(need) - len(misses)
+        in_hbm = t.where[HBM, need]
+        misses, present = need[~in_hbm], need[in_hbm]
+        c.access_hbm_hits += len(present)
         if self.prefetch.active:
-            present = need[t.where[HBM, need]]
             self.prefetch.used(present)
             blocking.extend(self.prefetch.waits(present.tolist()))  # staged, still arriving
-        hbm.touch_many(need[t.where[HBM, need]], now)
+        hbm.touch_many(present, now)
         direct = self.config.kv.direct_read
         staging = 0.0 if direct else 2.0 * len(misses) * hbm.block_bytes / self.layers
         # NOTE: a fetch whose double buffer exceeds the HBM left streams through what is left
         staging = min(staging, max(room_bytes, 0.0))
-        pinned = np.zeros(t.capacity, dtype=bool)
-        pinned[need] = True
         hbm.capacity = max(int((room_bytes - staging) // hbm.block_bytes), 0)
         self._shrink(hbm, pinned)
         if not direct:
@@ -691,14 +686,12 @@ class KvManager:
         decompress = len(misses) * hbm.block_bytes if dram.block_bytes != hbm.block_bytes else 0.0
         return StepIO(fetch, dram.block_bytes, blocking, staging, attended, decompress)
 
-    def _union(self, reads: list[np.ndarray]) -> np.ndarray:
-        """Sorted distinct block ids of all reads (a mark array: cheaper than hashing)."""
-        if not reads:
-            return np.zeros(0, dtype=np.int64)
+    def _union(self, reads: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted distinct block ids of all reads, and their mark over the table's ids."""
         mark = np.zeros(self.table.size, dtype=bool)
-        for blocks in reads:
-            mark[blocks] = True
-        return np.flatnonzero(mark)
+        if reads:
+            mark[np.concatenate(reads)] = True
+        return np.flatnonzero(mark), mark
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Blocks this step starts writing (its new tokens' blocks not yet holding KV)."""

@@ -246,9 +246,12 @@ class Tier:
             return []
         if self.held and not self._held_out:
             pinned = self._with_held(pinned)
-        victims = self.policy.victims(min(n, len(self.evictable)), pinned)
+        victims = list(self.policy.victims(min(n, len(self.evictable)), pinned))
         self.evictable.difference_update(victims)
         self.policy.on_evict_many(victims)
-        self.table.where[self.index, victims] = False
+        if len(victims) == 1:  # (the usual eviction: a scalar store is quicker)
+            self.table.where[self.index, victims[0]] = False
+        else:
+            self.table.where[self.index, victims] = False
         self.resident -= len(victims)
-        return list(victims)
+        return victims

@@ -1,0 +1,155 @@
+"""The quicker paths of a ``dram_centric`` step and of admission equal the code they replaced.
+
+References, written plainly here: the step's read union and pinned mask (a sort and a mask
+over the whole table), the prefix lookup (one dict lookup at a time, stopping at the first
+miss), LRU's bulk inserts and removals (one call per key), and the block table's bulk drop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.lru import LRU
+from sim.blocks import BlockTable
+from sim.engine import Engine
+from sim.kvcache import KvManager
+from sim.tiers import Tier
+from sim.workload import build_requests
+from tests.conftest import make_config
+from tests.test_bulk_paths import TIGHT, _engine, _loop, _multi_turn, kv_state, ref_evict
+
+DRAM_CASES = [case for case in TIGHT if case[0] == "dram_centric"]
+
+
+def _small_hbm_engine(seed: int) -> Engine:
+    """``dram_centric`` with an HBM cache of 164 blocks: steps evict around pinned reads."""
+    kv = {
+        "mode": "dram_centric",
+        "dram_capacity": "300MiB",
+        "ssd_capacity": "120MiB",
+        "access": {"kind": "sparse", "window_blocks": 4, "topk_blocks": 8},
+    }
+    config = make_config(
+        "engine.max_num_seqs=12",
+        "hardware.hbm.capacity=19.2GiB",
+        "engine.max_batched_tokens=1024",
+        f"seed={seed}",
+        kv=kv,
+        workload=_multi_turn(30),
+    )
+    requests = build_requests(config.workload, config.seed, Path("."), config.engine.block_tokens)
+    return Engine(config, requests)
+
+
+def ref_union(self: KvManager, reads: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    need = np.unique(np.concatenate(reads)) if reads else np.zeros(0, dtype=np.int64)
+    pinned = np.zeros(self.table.capacity, dtype=bool)
+    pinned[need] = True
+    return need, pinned
+
+
+def ref_indexed_prefix(self: KvManager, rid: int) -> list[int]:
+    hashes = self.hashes[rid]
+    limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+    ids = []
+    for h in hashes[:limit].tolist():
+        b = self.table.index.get(h)
+        if b is None:
+            break
+        ids.append(b)
+    return ids
+
+
+def ref_lru_insert_many(self: LRU, keys, now: float = 0.0) -> None:
+    for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
+        self.on_insert(key, now)
+
+
+def ref_lru_remove_many(self: LRU, keys) -> None:
+    for key in keys:
+        self.on_remove(key)
+
+
+REFERENCES = [
+    (KvManager, "_union", ref_union),
+    (KvManager, "_indexed_prefix", ref_indexed_prefix),
+    (LRU, "on_insert_many", ref_lru_insert_many),
+    (LRU, "on_remove_many", ref_lru_remove_many),
+    (LRU, "on_evict_many", ref_lru_remove_many),
+    (Tier, "evict", ref_evict),
+    (BlockTable, "drop_many", _loop(BlockTable.drop)),
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(st.integers(0, 30), max_size=40),
+    known=st.lists(st.integers(0, 30), max_size=10, unique=True),
+)
+def test_lru_bulk_calls_match_one_call_per_key(keys, known):
+    """Repeated keys and keys already known keep the order one call each gives."""
+    bulk, loop = LRU(), LRU()
+    for p in (bulk, loop):
+        for k in known:
+            p.on_insert(k)
+    bulk.on_insert_many(np.asarray(keys, dtype=np.int64))
+    ref_lru_insert_many(loop, np.asarray(keys, dtype=np.int64))
+    assert list(bulk._order) == list(loop._order)
+    gone = list(bulk._order)[::2]
+    bulk.on_remove_many(gone)
+    ref_lru_remove_many(loop, gone)
+    assert list(bulk._order) == list(loop._order)
+
+
+def test_union_is_the_sorted_distinct_reads_and_their_mark():
+    kv = _engine(*DRAM_CASES[0], seed=0).kv
+    for _ in range(40):
+        kv.table.new(0, 0, 0.0)
+    rng = np.random.default_rng(0)
+    for k in (0, 1, 5):
+        reads = [rng.integers(0, kv.table.size, rng.integers(0, 12)) for _ in range(k)]
+        need, mark = kv._union(reads)
+        want, pinned = ref_union(kv, reads)
+        assert need.tolist() == want.tolist()
+        assert mark.tolist() == pinned[: len(mark)].tolist() and not pinned[len(mark) :].any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hashes=st.lists(st.integers(1, 8), min_size=1, max_size=20),
+    registered=st.sets(st.integers(1, 8)),
+    prompt=st.integers(1, 400),
+)
+def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt):
+    kv = _engine(*DRAM_CASES[0], seed=0).kv
+    kv.hashes = [np.asarray(hashes, dtype=np.uint64)]
+    kv.prompt = np.array([prompt])
+    kv.table.index = {h: 100 + h for h in registered}
+    assert kv._indexed_prefix(0) == ref_indexed_prefix(kv, 0)
+
+
+@pytest.mark.parametrize("case", [*DRAM_CASES, None], ids=[*(c[1] for c in DRAM_CASES), "small"])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_dram_centric_runs_match_the_plain_code(case, seed):
+    """Whole runs with every quicker path, and with each replaced by its reference."""
+    runs = []
+    for references in (False, True):
+        with pytest.MonkeyPatch.context() as m:
+            for owner, name, ref in REFERENCES if references else ():
+                m.setattr(owner, name, ref)
+            engine = _small_hbm_engine(seed) if case is None else _engine(*case, seed=seed)
+            result = engine.run()
+            runs.append((result, kv_state(engine.kv)))
+    (fast, fast_state), (plain, plain_state) = runs
+    pd.testing.assert_frame_equal(fast.requests, plain.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.timeline, plain.timeline, check_exact=True)
+    fast.summary.pop("wall_time_s")
+    plain.summary.pop("wall_time_s")
+    assert fast.summary == plain.summary
+    assert fast_state == plain_state
