@@ -136,15 +136,11 @@ class DecodeRuns:
     def _prefill_batch(self) -> Batch | None:
         """The next step's batch by the scheduler's rule, its blocks allocated; None if the
         pool cannot give them."""
-        s, kv = self.engine.scheduler, self.engine.kv
-        ids = s.running
+        s = self.engine.scheduler
         n, target, need = s.running_tokens(s.engine.max_batched_tokens)
-        growing = np.flatnonzero(need > 0)
-        if int(need[growing].sum()) > kv.available:
+        if not s.allocate_running(target, need):
             return None
-        for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
-            kv.allocate(rid, t)
-        return s.batch(ids, n, ids[:0])
+        return s.batch(s.running, n, s.running[:0])
 
     # --- prefill chunks ------------------------------------------------------------------------
 

@@ -136,15 +136,20 @@ class Scheduler:
         """Tokens for each running request in order, preempting from the tail if needed."""
         ids = self.running
         n, target, need = self.running_tokens(budget)
-        growing = np.flatnonzero(need > 0)
-        if len(growing) == 0:
-            return ids, n, ids[:0]
-        if int(need[growing].sum()) <= self.kv.available:
-            allocate = self.kv.allocate
-            for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
-                allocate(rid, t)
+        if self.allocate_running(target, need):
             return ids, n, ids[:0]
         return self._schedule_running_preempting(ids, n)
+
+    def allocate_running(self, target: np.ndarray, need: np.ndarray) -> bool:
+        """Give the running requests their new blocks (``need`` each, to hold ``target``
+        tokens) if the pool has them all; False (nothing allocated) if it has not."""
+        growing = np.flatnonzero(need > 0)
+        if int(need[growing].sum()) > self.kv.available:
+            return False
+        allocate, ids = self.kv.allocate, self.running
+        for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
+            allocate(rid, t)
+        return True
 
     def _schedule_running_preempting(self, ids: np.ndarray, n: np.ndarray):
         """vLLM's loop: allocate in order; when a request does not fit, preempt the newest."""
