@@ -136,10 +136,13 @@ class AccessModel:
         """Each element's score when its sequence takes its top-k; ``heat`` ends as the loop's.
 
         Middle by middle (``bounds`` in ``mid``), as the loop: its new scores go into
-        ``heat``, then it reads its scores, so a later middle sees an earlier one's redraws
-        of a block they share. The draws come from one buffer of doubles standing for the
-        loop's (per middle, a test each, then a score per redraw); the generator ends as
-        after the loop.
+        ``heat``, then it reads its scores, so a middle sees an earlier one's redraws of a
+        block they share and not a later one's. The draws come from one buffer of doubles
+        standing for the loop's (per middle, a test each, then a score per redraw); the
+        generator ends as after the loop. A middle takes three numpy calls: its redrawn
+        blocks (their count places its scores), their writes, and its read. (Writing and
+        reading all middles at once, then mending the reads of blocks a later middle
+        rewrote, measured slower: finding those takes more passes over all the elements.)
         """
         drift = self.spec.drift  # type: ignore[union-attr]
         if not drift > 0:
@@ -150,15 +153,27 @@ class AccessModel:
         hit, seen, pos = buf < drift, np.empty(len(mid), dtype=heat.dtype), 0
         for a, b in pairwise(bounds.tolist()):
             end = pos + b - a  # this middle's tests end; its scores follow
-            while end + (r := int(np.count_nonzero(tests := hit[pos:end]))) > len(buf):
-                more = self.rng.random(len(mid) // 4 + b - a + 64)  # the draws after buf's
-                buf, hit = np.concatenate((buf, more)), np.concatenate((hit, more < drift))
+            if end > len(buf):
+                buf, hit = self._draw_on(buf, hit, end, len(mid) // 4 + b - a + 64, drift)
             middle = mid[a:b]
-            heat[middle[tests]] = buf[end : end + r]
-            heat.take(middle, out=seen[a:b])
-            pos = end + r
+            redraw = middle[hit[pos:end]]
+            pos = end + len(redraw)
+            if pos > len(buf):
+                buf, hit = self._draw_on(buf, hit, pos, len(mid) // 4 + b - a + 64, drift)
+            heat[redraw] = buf[end:pos]
+            # "wrap": ids as heat[middle] reads them, unchecked ("raise" copies via a buffer)
+            heat.take(middle, out=seen[a:b], mode="wrap")
         _rewind(bitgen, saved, pos)
         return seen
+
+    def _draw_on(
+        self, buf: np.ndarray, hit: np.ndarray, size: int, step: int, drift: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``buf`` and ``hit`` with the draws after ``buf``'s, ``step`` at a time, to ``size``."""
+        while len(buf) < size:
+            more = self.rng.random(step)
+            buf, hit = np.concatenate((buf, more)), np.concatenate((hit, more < drift))
+        return buf, hit
 
 
 def _first_draws(tests: int, drift: float) -> int:

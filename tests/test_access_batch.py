@@ -161,6 +161,46 @@ def test_more_draws_than_the_first_buffer(monkeypatch):
         assert_same(sparse(topk_blocks=10, drift=drift), seqs, heat)
 
 
+def loop_redraws(spec, seqs, heat, seed=7):
+    """The blocks each sequence of the plain loop redraws (those whose heat it changes)."""
+    model, h = AccessModel(spec, np.random.default_rng(seed)), heat.copy()
+    redrawn = []
+    for blocks in seqs:
+        before = h.copy()
+        model.decode_blocks(blocks.copy(), h)
+        redrawn.append(set(np.flatnonzero(h != before).tolist()))
+    return redrawn
+
+
+@pytest.mark.parametrize("drift", [0.05, 0.3, 0.9])
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_shared_blocks_redrawn_by_several_middles(drift, scale):
+    # scale 1e-3: a redrawn block outscores the others, so a middle that saw another's
+    # redraw too early (or missed an earlier one's) picks another set
+    seqs, heat = shared_batch(np.random.default_rng(20), n_seqs=12, prefix=150)
+    spec = sparse(sink_blocks=1, window_blocks=4, topk_blocks=20, drift=drift)
+    redrawn = loop_redraws(spec, seqs, heat * scale)
+    shared = set(seqs[0][1:150].tolist())
+    assert any(sum(b in r for r in redrawn) >= 2 for b in shared)  # early and again later
+    assert any(b not in redrawn[0] and any(b in r for r in redrawn[1:]) for b in shared)
+    assert_same(spec, seqs, heat * scale)
+
+
+@pytest.mark.parametrize("spare", [0, 1, 3])
+def test_scores_past_the_first_buffer(monkeypatch, spare):
+    # the first buffer ends just past the first middle's tests: its scores draw more
+    seqs, heat = shared_batch(np.random.default_rng(21), n_seqs=4, prefix=100)
+    spec = sparse(sink_blocks=1, window_blocks=4, topk_blocks=10, drift=0.5)
+    tests = len(seqs[0]) - 5  # the first middle's
+    monkeypatch.setattr(sim.access, "_first_draws", lambda _, __: tests + spare)
+    assert_same(spec, seqs, heat)
+
+
+def test_negative_ids_read_as_numpy_indexes_them():
+    seqs, heat = shared_batch(np.random.default_rng(22), n_seqs=5, prefix=40, table=400)
+    assert_same(sparse(topk_blocks=8, drift=0.2), [s - 400 for s in seqs], heat)
+
+
 def test_buffered_half_word_survives():
     # a 32-bit draw leaves half a 64-bit output buffered; random() keeps it, and so must we
     rng = np.random.default_rng(12)
@@ -235,6 +275,36 @@ def batches(draw):
 def test_batch_equals_loop(case):
     spec, seqs, heat, seed = case
     assert_same(spec, seqs, heat, np.random.default_rng(seed))
+
+
+@st.composite
+def crowded_batches(draw):
+    """Sequences of a few blocks in any order: most blocks are in many middles."""
+    table = draw(st.integers(1, 80))
+    pool = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    seqs = [
+        pool.permutation(table)[: draw(st.integers(0, table))].astype(np.int64)
+        for _ in range(draw(st.integers(1, 16)))
+    ]
+    spec = sparse(
+        sink_blocks=draw(st.integers(0, 2)),
+        window_blocks=draw(st.integers(0, 4)),
+        topk_blocks=draw(st.integers(0, 12)),
+        drift=draw(st.sampled_from([0.05, 0.3, 0.9, 1.0]) | st.floats(0, 1)),
+    )
+    heat = pool.random(table) * draw(st.sampled_from([1.0, 1e-3]))
+    first = draw(st.sampled_from([None, 1, 5, 40]))  # a first buffer of that many doubles
+    return spec, seqs, heat, first, draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded_batches())
+def test_crowded_batch_equals_loop(case):
+    spec, seqs, heat, first, seed = case
+    with pytest.MonkeyPatch.context() as patch:
+        if first is not None:
+            patch.setattr(sim.access, "_first_draws", lambda _, __: first)
+        assert_same(spec, seqs, heat, np.random.default_rng(seed))
 
 
 def test_engine_same_with_the_loop(monkeypatch):
