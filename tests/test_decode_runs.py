@@ -319,3 +319,31 @@ def _noting_the_clock(kv, name: str, log: list):
         return call(*args)
 
     return noted
+
+
+def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(monkeypatch):
+    """A request arriving during a 4,000-token prompt's 512-token chunks cannot join until
+    the last, shorter chunk: the chunks before it stay in the run, one scheduled step (the
+    last chunk with the newcomer's first) is priced on its own, and nothing changes."""
+    config = make_config("engine.max_batched_tokens=512")
+    off = config.model_copy(
+        update={"engine": config.engine.model_copy(update={"decode_runs": False})}
+    )
+    _, alone = _run_with(off, _requests([0.0], 4000, 5))
+    second = float(alone.timeline["time_s"].iloc[1]) / 2  # during the first chunk
+    requests = _requests([0.0, second], 4000, 5)
+    scheduled: list[int] = []
+    step = decoderun.DecodeRuns._scheduled_step
+    monkeypatch.setattr(
+        decoderun.DecodeRuns,
+        "_scheduled_step",
+        lambda self, kind, log: scheduled.append(log.steps) or step(self, kind, log),
+    )
+    _, a = _run_with(off, requests)
+    engine, b = _run_with(config, requests)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+    joined = int(np.argmax(b.timeline["batch_size"].to_numpy() == 2))
+    assert joined == 4000 // 512  # 7 full chunks, then 416 tokens and the newcomer's 96
+    assert b.timeline["step_tokens"].iloc[joined] == 512
+    assert len(scheduled) == 1 and engine.decode_runs.steps > joined
