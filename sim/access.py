@@ -154,12 +154,12 @@ class AccessModel:
         for a, b in pairwise(bounds.tolist()):
             end = pos + b - a  # this middle's tests end; its scores follow
             if end > len(buf):
-                buf, hit = self._draw_on(buf, hit, end, len(mid) // 4 + b - a + 64, drift)
+                buf, hit = self._draw_on(buf, hit, end, drift)
             middle = mid[a:b]
             redraw = middle[hit[pos:end]]
             pos = end + len(redraw)
             if pos > len(buf):
-                buf, hit = self._draw_on(buf, hit, pos, len(mid) // 4 + b - a + 64, drift)
+                buf, hit = self._draw_on(buf, hit, pos, drift)
             heat[redraw] = buf[end:pos]
             # "wrap": ids as heat[middle] reads them, unchecked ("raise" copies via a buffer)
             heat.take(middle, out=seen[a:b], mode="wrap")
@@ -167,13 +167,12 @@ class AccessModel:
         return seen
 
     def _draw_on(
-        self, buf: np.ndarray, hit: np.ndarray, size: int, step: int, drift: float
+        self, buf: np.ndarray, hit: np.ndarray, size: int, drift: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``buf`` and ``hit`` with the draws after ``buf``'s, ``step`` at a time, to ``size``."""
-        while len(buf) < size:
-            more = self.rng.random(step)
-            buf, hit = np.concatenate((buf, more)), np.concatenate((hit, more < drift))
-        return buf, hit
+        """``buf`` and ``hit`` with the draws after ``buf``'s, to ``size`` and a margin (the
+        generator is rewound to the draws used, so how many more it draws changes nothing)."""
+        more = self.rng.random(size - len(buf) + len(buf) // 4 + 64)
+        return np.concatenate((buf, more)), np.concatenate((hit, more < drift))
 
 
 def _first_draws(tests: int, drift: float) -> int:

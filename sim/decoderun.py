@@ -108,7 +108,7 @@ class DecodeRuns:
             elif kind == ADMIT and self._admits_alone(log):
                 e.scheduler.admit_head(log.now)
                 self._prefill_chunks(log)
-            elif not self._prefill_chunks(log):  # (an admission waits while it takes the budget)
+            elif not self._prefill_chunks(log):  # (waiting requests wait while it takes the budget)
                 self._scheduled_step(kind, log)
         kv.planned_s = None
         if log.steps:
