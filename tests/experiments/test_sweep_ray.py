@@ -20,7 +20,6 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.xdist_group("timing")  # never beside the CPU validation timing test
 def test_ray_backend_matches_the_local_backend(tmp_path, local_ray):
     sweep = load_sweep(small_sweep(tmp_path))
     local = run_sweep(sweep, tmp_path / "local", Limits(workers=2), progress=False)

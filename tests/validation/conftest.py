@@ -13,9 +13,6 @@ REPO = Path(__file__).resolve().parents[2]
 def pytest_configure(config: pytest.Config) -> None:
     """Register the validation suite's markers."""
     config.addinivalue_line("markers", "torch: runs real torch kernels on the CPU (seconds)")
-    config.addinivalue_line(
-        "markers", "ci_validate: issue 7's CPU calibrate + validate run (about a minute)"
-    )
 
 
 @pytest.fixture(scope="session")
