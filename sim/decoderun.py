@@ -151,19 +151,19 @@ class DecodeRuns:
         s, kv = e.scheduler, e.kv
         rid = s.waiting[0]
         n = len(s.running)
-        left = s.engine.max_batched_tokens - n
-        tokens = int(s.prompt[rid] + s.generated[rid])
-        chunk = min(tokens, left)
+        if kv.prefix or kv.held[rid] or n >= s.engine.max_num_seqs:
+            return False
+        left = s.engine.max_batched_tokens - n  # the budget the decoders leave
+        plan = s.plan_admission(rid, left)
+        if plan is None:
+            return False
+        chunk, cost = plan[2], plan[3]
         alone = len(s.waiting) == 1 or chunk == left  # no budget left for the next one
-        if kv.prefix or kv.held[rid] or not alone or n >= s.engine.max_num_seqs or chunk < 2:
-            return False
-        if not s.engine.chunked_prefill and tokens > left:
-            return False
-        if not self._decoding() or e.next_arrival_s <= log.now:
+        if not alone or chunk < 2 or not self._decoding() or e.next_arrival_s <= log.now:
             return False
         ids = s.running
         boundary = kv.held[ids] * kv.bt == s.computed[ids]  # decoders starting a block
-        return int(np.count_nonzero(boundary)) + -(-chunk // kv.bt) <= kv.available
+        return int(np.count_nonzero(boundary)) + cost <= kv.available
 
     def _prefill_chunks(self, log: _RunLog) -> bool:
         """The last running request's prefill chunks while the rest decode, priced at once,

@@ -188,6 +188,22 @@ class Scheduler:
         self.status[rid] = WAITING
         self.waiting.appendleft(rid)
 
+    def plan_admission(self, rid: int, budget: int) -> tuple[list, int, int, int] | None:
+        """Admitting ``rid`` (not swapped) with ``budget`` tokens left, applying nothing: its
+        cached prefix hits, the token it starts at, its tokens this step and the home-tier
+        blocks they take; None if the budget refuses it (no chunked prefill, and its rest
+        does not fit)."""
+        kv = self.kv
+        fresh = kv.held[rid] == 0  # new, or preempted by recompute: look up its prefix
+        hits = kv.match(rid) if fresh else []
+        start = len(hits) * self.engine.block_tokens if fresh else int(self.computed[rid])
+        total = int(self.prompt[rid] + self.generated[rid])
+        if not self.engine.chunked_prefill and total - start > budget:
+            return None
+        n = min(total - start, budget)
+        cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
+        return hits, start, n, cost
+
     def _admit_one(self, rid: int, budget: int) -> int | None:
         """Admit the queue head: its tokens this step, 0 if it went loading, None if it can't."""
         kv = self.kv
@@ -198,17 +214,11 @@ class Scheduler:
             kv.swap_in(rid)
             kv.allocate(rid, int(self.computed[rid]) + n)
             return n
-        fresh = kv.held[rid] == 0  # new, or preempted by recompute: look up its prefix
-        hits = kv.match(rid) if fresh else []
-        start = len(hits) * self.engine.block_tokens if fresh else int(self.computed[rid])
-        total = int(self.prompt[rid] + self.generated[rid])
-        if not self.engine.chunked_prefill and total - start > budget:
+        plan = self.plan_admission(rid, budget)
+        if plan is None or plan[3] > kv.available:
             return None
-        n = min(total - start, budget)
-        cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
-        if cost > kv.available:
-            return None
-        if fresh:
+        hits, start, n, _ = plan
+        if kv.held[rid] == 0:
             self.computed[rid] = start
             if kv.take(rid, hits):
                 self.loading += 1

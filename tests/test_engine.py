@@ -53,6 +53,17 @@ def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget():
     assert list(result.timeline.step_tokens) == [2048, 2048, 904, 1]
 
 
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_whole():
+    config = closed_batch(
+        2, 600, 2, "engine.chunked_prefill=false", "engine.max_batched_tokens=1000"
+    )
+    result = simulate(config)
+    # A's 600 tokens leave 400: B waits and prefills whole in the next step, beside A's decode
+    assert list(result.timeline.step_tokens) == [600, 601, 1]
+    chunked = simulate(closed_batch(2, 600, 2, "engine.max_batched_tokens=1000"))
+    assert list(chunked.timeline.step_tokens) == [1000, 201, 1]  # B split 400 + 200
+
+
 def test_equal_requests_decode_together():
     config = closed_batch(8, 256, 20)
     result = simulate(config)
