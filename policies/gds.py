@@ -28,8 +28,8 @@ class GreedyDualSize(EvictionPolicy):
 
     Blocks have one size, so ``H = L + cost``. The victim has the smallest ``H`` (ties: least
     recently used); on eviction ``L`` becomes the victim's ``H``, which ages every other key
-    (``on_remove`` does not). ``cost`` is the recompute time of a block, say, so blocks deep
-    in long prompts are worth more.
+    (``on_remove`` does not). ``cost`` is what a miss on a key costs: the engine gives the
+    prompt tokens a lost block takes with it (itself and the rest of its prefix chain).
     """
 
     name = "gds"

@@ -306,6 +306,22 @@ def test_every_online_policy_runs_in_the_engine_with_invariants(policy):
         assert result.summary["requests_finished"] == 30
 
 
+def test_gds_evicts_the_end_of_a_cached_prefix_before_its_start():
+    # A caches its 8 prompt blocks; B (5 blocks) finds 4 free and evicts one of A's; C repeats
+    # A's prompt. Losing A's first block would make the whole chain unreachable: GDS must
+    # evict its last (cost 16 tokens against 128), so C finds the 7 blocks a lookup covers.
+    a = np.arange(1, 9, dtype=np.uint64)
+    requests = Requests(
+        arrival_s=np.array([0.0, 10.0, 20.0]),
+        prompt_tokens=np.array([128, 80, 128]),
+        output_tokens=np.array([1, 1, 1]),
+        prefix_hashes=[a, np.arange(100, 105, dtype=np.uint64), a],
+    )
+    config = make_config("engine.kv_pool_blocks=12", kv={"mode": "hbm", "eviction": "gds"})
+    s = simulate(config, requests).summary
+    assert s["prefix_hit_tokens"] == 7 * 16  # (128 - 1) // 16 = 7 blocks looked up, all hit
+
+
 def test_offline_and_tree_policies_are_refused_by_the_engine():
     from sim.errors import ConfigError
 
