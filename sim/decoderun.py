@@ -157,13 +157,12 @@ class DecodeRuns:
         plan = s.plan_admission(rid, left)
         if plan is None:
             return False
-        chunk, cost = plan[2], plan[3]
-        alone = len(s.waiting) == 1 or chunk == left  # no budget left for the next one
-        if not alone or chunk < 2 or not self._decoding() or e.next_arrival_s <= log.now:
+        alone = len(s.waiting) == 1 or plan.tokens == left  # no budget left for the next one
+        if not alone or plan.tokens < 2 or not self._decoding() or e.next_arrival_s <= log.now:
             return False
         ids = s.running
         boundary = kv.held[ids] * kv.bt == s.computed[ids]  # decoders starting a block
-        return int(np.count_nonzero(boundary)) + cost <= kv.available
+        return int(np.count_nonzero(boundary)) + plan.blocks <= kv.available
 
     def _prefill_chunks(self, log: _RunLog) -> bool:
         """The last running request's prefill chunks while the rest decode, priced at once,

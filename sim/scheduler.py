@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,6 +47,15 @@ class Batch:
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_sampled", int(self.samples.sum()))
         object.__setattr__(self, "num_tokens", int(self.new_tokens.sum()))
+
+
+class Admission(NamedTuple):
+    """What admitting a request would do (:meth:`Scheduler.plan_admission`)."""
+
+    hits: list[tuple[int, int]]  # (block, tier) of its cached prefix
+    start: int  # the token it starts computing at
+    tokens: int  # tokens it computes this step
+    blocks: int  # home-tier blocks that takes
 
 
 class Scheduler:
@@ -188,11 +198,9 @@ class Scheduler:
         self.status[rid] = WAITING
         self.waiting.appendleft(rid)
 
-    def plan_admission(self, rid: int, budget: int) -> tuple[list, int, int, int] | None:
-        """Admitting ``rid`` (not swapped) with ``budget`` tokens left, applying nothing: its
-        cached prefix hits, the token it starts at, its tokens this step and the home-tier
-        blocks they take; None if the budget refuses it (no chunked prefill, and its rest
-        does not fit)."""
+    def plan_admission(self, rid: int, budget: int) -> Admission | None:
+        """Admitting ``rid`` (not swapped) with ``budget`` tokens left, applying nothing; None
+        if the budget refuses it (no chunked prefill, and its rest does not fit)."""
         kv = self.kv
         fresh = kv.held[rid] == 0  # new, or preempted by recompute: look up its prefix
         hits = kv.match(rid) if fresh else []
@@ -202,7 +210,7 @@ class Scheduler:
             return None
         n = min(total - start, budget)
         cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
-        return hits, start, n, cost
+        return Admission(hits, start, n, cost)
 
     def _admit_one(self, rid: int, budget: int) -> int | None:
         """Admit the queue head: its tokens this step, 0 if it went loading, None if it can't."""
@@ -215,7 +223,7 @@ class Scheduler:
             kv.allocate(rid, int(self.computed[rid]) + n)
             return n
         plan = self.plan_admission(rid, budget)
-        if plan is None or plan[3] > kv.available:
+        if plan is None or plan.blocks > kv.available:
             return None
         hits, start, n, _ = plan
         if kv.held[rid] == 0:
