@@ -25,7 +25,7 @@ from policies.lru import LRU
 from policies.registry import make_eviction
 from policies.stamp_lru import StampLRU
 from sim.access import AccessModel
-from sim.blocks import DRAM, HBM, SSD, BlockTable
+from sim.blocks import DRAM, HBM, SSD, TIER_NAMES, BlockTable
 from sim.config.run import RunConfig
 from sim.heatlog import HeatLog
 from sim.links import Links
@@ -69,6 +69,15 @@ class StepIO:
     decompress_bytes: float
 
 
+def losing_tier(mode: str, blocks: list[int]) -> int:
+    """The tier whose eviction victims are lost (the tiers above it send theirs down one):
+    HBM in ``hbm`` mode, else the last of the tiers below HBM that have room, in a row."""
+    last = HBM
+    while mode != "hbm" and last < SSD and blocks[last + 1] >= 1:
+        last += 1
+    return last
+
+
 class KvManager:
     """Owns the block table, the tiers, prefix matching and the per-step data movement."""
 
@@ -101,11 +110,11 @@ class KvManager:
         ssd_capacity = (
             kv.ssd_capacity if kv.ssd_capacity is not None else config.hardware.ssd.capacity
         )
-        self.tiers = [
-            self._tier(HBM, "hbm", hbm_blocks * config.tier_block_bytes("hbm")),
-            self._tier(DRAM, "dram", dram_capacity),
-            self._tier(SSD, "ssd", ssd_capacity),
-        ]
+        capacities = (hbm_blocks * config.tier_block_bytes("hbm"), dram_capacity, ssd_capacity)
+        block_bytes = [config.tier_block_bytes(name) for name in TIER_NAMES]
+        blocks = [int(c // b) for c, b in zip(capacities, block_bytes, strict=True)]
+        losing = losing_tier(self.mode, blocks)
+        self.tiers = [self._tier(i, n, blocks[i], i == losing) for i, n in enumerate(TIER_NAMES)]
         self.home = self.tiers[DRAM] if self.mode == "dram_centric" else self.tiers[HBM]
         self.lookup_tiers = 1 if self.mode == "hbm" else 3  # hbm mode: DRAM only holds swaps
         n = len(requests)
@@ -126,14 +135,16 @@ class KvManager:
         engine = config.engine
         self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
 
-    def _tier(self, index: int, name: str, capacity_bytes: float) -> Tier:
+    def _tier(self, index: int, name: str, capacity: int, loses: bool) -> Tier:
+        """A tier of ``capacity`` blocks and its eviction policy; cost-aware policies see what
+        a miss costs: the lost prefix chain where victims are lost, one load (the same for
+        every block) where they go down a tier."""
         block_bytes = self.config.tier_block_bytes(name)
-        capacity = int(capacity_bytes // block_bytes)
         policy = make_eviction(
             self.config.kv.eviction_for(name),
             capacity=max(capacity, 1),
             rng=np.random.default_rng([self.config.seed, index]),
-            cost=self._recompute_cost,
+            cost=self._recompute_cost if loses else None,
         )
         if index == HBM and self.mode == "dram_centric" and type(policy) is LRU:
             # NOTE: every step reads thousands of cached blocks: same order, cheaper touches
