@@ -152,10 +152,10 @@ class KvManager:
         return Tier(index, name, capacity, block_bytes, policy, self.table)
 
     def _recompute_cost(self, b: int) -> float:
-        """What losing block ``b`` costs: the prompt tokens from it to the end of its prefix
-        chain, which a prefix match can no longer reach without it (a match stops at the first
-        missing block); one block's tokens for a block past the chain (generated tokens, the
-        prompt's last partial block). The start of a long shared prefix is worth the most."""
+        """What losing block ``b`` costs: the tokens from it to the end of its prefix chain
+        (its owner's hashed blocks), which a prefix match can no longer reach without it (a
+        match stops at the first missing block); one block's tokens for a block past the
+        chain. The start of a long shared prefix is worth the most."""
         owner, position = int(self.table.owner[b]), int(self.table.position[b])
         end = int(self.hashed_blocks[owner]) if len(self.hashed_blocks) else 0
         return float(max(end - position, 1) * self.bt)
