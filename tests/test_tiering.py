@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.engine import Engine, layerwise_step_s, simulate
+from sim.kvcache import losing_tier
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
@@ -334,8 +335,6 @@ def test_gds_evicts_the_end_of_a_cached_prefix_before_its_start():
     ],
 )
 def test_victims_are_lost_in_the_last_tier_with_room(mode, blocks, tier):
-    from sim.kvcache import losing_tier
-
     assert losing_tier(mode, blocks) == tier
 
 

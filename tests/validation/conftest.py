@@ -10,11 +10,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the validation suite's markers."""
-    config.addinivalue_line("markers", "torch: runs real torch kernels on the CPU (seconds)")
-
-
 @pytest.fixture(scope="session")
 def measured_ops() -> Path:
     """Measured operator tables: $KVSIM_CALIBRATION, else ../shared/calibration; skip if absent."""

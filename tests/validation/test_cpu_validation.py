@@ -51,6 +51,7 @@ def test_microbenchmarks_write_the_long_table():
 
 
 ATTEMPTS = 3  # a measurement on a shared machine: another pair while one misses the bounds
+BOUNDS = {"e2e_error": 0.15, "step_mape": 0.20}  # issue 7's, for the calibrated CPU profile
 
 
 def calibrate_and_validate(folder) -> dict:
@@ -78,15 +79,15 @@ def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
     for attempt in range(ATTEMPTS):
         (folder := tmp_path / f"attempt{attempt}").mkdir()
         report = calibrate_and_validate(folder)
-        if report["e2e_error"] <= 0.15 and report["step_mape"] <= 0.20:
+        if all(report[key] <= bound for key, bound in BOUNDS.items()):
             break
         warnings.warn(  # in the summary even when a later pair passes
             f"calibrate + validate pair {attempt + 1} missed: step MAPE "
             f"{report['step_mape']:.1%}, e2e error {report['e2e_error']:.1%}",
             stacklevel=1,
         )
-    assert report["e2e_error"] <= 0.15, report
-    assert report["step_mape"] <= 0.20, report
+    for key, bound in BOUNDS.items():
+        assert report[key] <= bound, report
     # calibration earns its keep: the placeholder profile is worse on the same steps
     assert report["baseline"]["step_mape"] > report["step_mape"]
     assert report["baseline"]["e2e_error"] > report["e2e_error"]
