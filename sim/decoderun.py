@@ -149,16 +149,16 @@ class DecodeRuns:
         caching), as the first of its prefill chunks while every running request decodes."""
         e = self.engine
         s, kv = e.scheduler, e.kv
-        rid = s.waiting[0]
-        n = len(s.running)
+        rid, n = s.waiting[0], len(s.running)
         if kv.prefix or kv.held[rid] or n >= s.engine.max_num_seqs:
+            return False
+        if e.next_arrival_s <= log.now or not self._decoding():
             return False
         left = s.engine.max_batched_tokens - n  # the budget the decoders leave
         plan = s.plan_admission(rid, left)
-        if plan is None:
+        if plan is None or plan.tokens < 2:
             return False
-        alone = len(s.waiting) == 1 or plan.tokens == left  # no budget left for the next one
-        if not alone or plan.tokens < 2 or not self._decoding() or e.next_arrival_s <= log.now:
+        if len(s.waiting) > 1 and plan.tokens < left:  # budget left for the next one
             return False
         ids = s.running
         boundary = kv.held[ids] * kv.bt == s.computed[ids]  # decoders starting a block

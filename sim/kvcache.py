@@ -69,13 +69,11 @@ class StepIO:
     decompress_bytes: float
 
 
-def losing_tier(mode: str, blocks: list[int]) -> int:
-    """The tier whose eviction victims are lost (the tiers above it send theirs down one):
-    HBM in ``hbm`` mode, else the last of the tiers below HBM that have room, in a row."""
-    last = HBM
-    while mode != "hbm" and last < SSD and blocks[last + 1] >= 1:
-        last += 1
-    return last
+def victims_kept_below(mode: str, blocks: list[int]) -> list[bool]:
+    """For each tier, whether a cached block evicted there stays in the tier below (copied
+    down; in ``dram_centric`` HBM caches DRAM, where it already is), else it is lost: never in
+    ``hbm`` mode (DRAM holds swaps only) nor from the last tier, nor into a tier of no blocks."""
+    return [mode != "hbm" and i < SSD and blocks[i + 1] >= 1 for i in range(len(blocks))]
 
 
 class KvManager:
@@ -113,8 +111,11 @@ class KvManager:
         capacities = (hbm_blocks * config.tier_block_bytes("hbm"), dram_capacity, ssd_capacity)
         block_bytes = [config.tier_block_bytes(name) for name in TIER_NAMES]
         blocks = [int(c // b) for c, b in zip(capacities, block_bytes, strict=True)]
-        losing = losing_tier(self.mode, blocks)
-        self.tiers = [self._tier(i, n, blocks[i], i == losing) for i, n in enumerate(TIER_NAMES)]
+        self.kept_below = victims_kept_below(self.mode, blocks)
+        self.tiers = [
+            self._tier(i, n, blocks[i], block_bytes[i], lost=not self.kept_below[i])
+            for i, n in enumerate(TIER_NAMES)
+        ]
         self.home = self.tiers[DRAM] if self.mode == "dram_centric" else self.tiers[HBM]
         self.lookup_tiers = 1 if self.mode == "hbm" else 3  # hbm mode: DRAM only holds swaps
         n = len(requests)
@@ -135,16 +136,15 @@ class KvManager:
         engine = config.engine
         self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
 
-    def _tier(self, index: int, name: str, capacity: int, loses: bool) -> Tier:
+    def _tier(self, index: int, name: str, capacity: int, block_bytes: float, lost: bool) -> Tier:
         """A tier of ``capacity`` blocks and its eviction policy; cost-aware policies see what
-        a miss costs: the lost prefix chain where victims are lost, one load (the same for
-        every block) where they go down a tier."""
-        block_bytes = self.config.tier_block_bytes(name)
+        a miss costs: the prefix chain a victim takes with it where victims are ``lost``, one
+        load (the same for every block) where they stay in the tier below."""
         policy = make_eviction(
             self.config.kv.eviction_for(name),
             capacity=max(capacity, 1),
             rng=np.random.default_rng([self.config.seed, index]),
-            cost=self._recompute_cost if loses else None,
+            cost=self._recompute_cost if lost else None,
         )
         if index == HBM and self.mode == "dram_centric" and type(policy) is LRU:
             # NOTE: every step reads thousands of cached blocks: same order, cheaper touches
@@ -286,8 +286,8 @@ class KvManager:
             return
         if tier.index == HBM and self.prefetch.active:
             self.prefetch.forget(b)
-        below = self.tiers[tier.index + 1] if tier.index < SSD else None
-        keep = self.prefix and t.hash[b] and t.ref[b] == 0 and self.mode != "hbm"
+        below = self._below(tier)
+        keep = self.prefix and t.hash[b] and t.ref[b] == 0
         if tier.index == HBM and self.mode == "dram_centric":
             if t.dirty[b]:
                 self._copy("d2h", self.tiers[DRAM].block_bytes, blocking=True)
@@ -302,6 +302,10 @@ class KvManager:
         where = t.where
         if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
             t.drop(b)
+
+    def _below(self, tier: Tier) -> Tier | None:
+        """Where ``tier``'s eviction victims are copied (None: they are lost)."""
+        return self.tiers[tier.index + 1] if self.kept_below[tier.index] else None
 
     def _demote_many(self, victims: list[int], tier: Tier) -> None:
         """:meth:`_demote` each of ``victims`` (just evicted from ``tier``), in order.
@@ -322,9 +326,9 @@ class KvManager:
         t = self.table
         ids = np.asarray(victims, dtype=np.int64)
         ids = ids[t.owner[ids] >= 0]
-        below = self.tiers[tier.index + 1] if tier.index < SSD else None
+        below = self._below(tier)
         down = np.zeros(len(ids), dtype=bool)
-        if self.prefix and self.mode != "hbm" and below is not None and below.available >= 1:
+        if self.prefix and below is not None and below.available >= 1:
             down = (t.hash[ids] != 0) & (t.ref[ids] == 0) & ~t.where[below.index, ids]
         cut = len(ids)
         going = np.flatnonzero(down)

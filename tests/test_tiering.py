@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.engine import Engine, layerwise_step_s, simulate
-from sim.kvcache import losing_tier
+from sim.kvcache import victims_kept_below
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
@@ -325,17 +325,17 @@ def test_gds_evicts_the_end_of_a_cached_prefix_before_its_start():
 
 
 @pytest.mark.parametrize(
-    ("mode", "blocks", "tier"),
+    ("mode", "blocks", "kept"),
     [
-        ("hbm", [100, 500, 900], 0),  # hbm mode: DRAM holds swaps only, an HBM victim is gone
-        ("offload", [100, 500, 900], 2),
-        ("offload", [100, 500, 0], 1),
-        ("offload", [100, 0, 900], 0),  # no DRAM: nothing goes down to the SSD
-        ("dram_centric", [100, 500, 0], 1),
+        ("hbm", [100, 500, 900], [False] * 3),  # hbm mode: DRAM holds swaps only
+        ("offload", [100, 500, 900], [True, True, False]),  # the SSD's victims are gone
+        ("offload", [100, 500, 0], [True, False, False]),
+        ("offload", [100, 0, 900], [False, True, False]),  # no DRAM: an HBM victim is gone
+        ("dram_centric", [100, 500, 0], [True, False, False]),  # HBM caches DRAM
     ],
 )
-def test_victims_are_lost_in_the_last_tier_with_room(mode, blocks, tier):
-    assert losing_tier(mode, blocks) == tier
+def test_victims_are_lost_where_no_tier_below_has_room(mode, blocks, kept):
+    assert victims_kept_below(mode, blocks) == kept
 
 
 def test_gds_above_a_tier_that_keeps_the_copies_evicts_as_lru():
