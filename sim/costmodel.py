@@ -391,7 +391,7 @@ class CostModel:
     def _decode_kernels(self, context: np.ndarray, steps: int) -> np.ndarray:
         """The decode kernel's time in each of ``steps`` decode steps from ``context``."""
         m, p = self.model, self.params
-        span = (context[None, :] + np.arange(steps)[:, None]).astype(np.float64) + 1.0
+        span = (context + 1.0)[None, :] + np.arange(steps, dtype=np.float64)[:, None]  # exact
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)
         traffic = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1)
         return np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth)

@@ -312,15 +312,11 @@ class DecodeRuns:
         return taken
 
     def _allocations(self, ids: np.ndarray, context: np.ndarray, n: int):
-        """The new blocks of the next ``n`` decode steps, by step and then in batch order (as
-        the scheduler allocates): each one's step, request, and its request's earlier ones."""
-        bt = self.engine.config.engine.block_tokens
-        first = np.maximum(self.engine.kv.held[ids] * bt - context, 0)  # steps until one
-        per = np.where(first < n, (n - 1 - first) // bt + 1, 0)
-        owner = np.repeat(np.arange(len(ids)), per)
-        nth = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
-        order = np.lexsort((owner, first[owner] + bt * nth))
-        return (first[owner] + bt * nth)[order], ids[owner[order]], nth[order]
+        """The new blocks of the next ``n`` decode steps of ``ids`` (:func:`new_blocks`): each
+        one's step, request, and its request's earlier ones."""
+        kv = self.engine.kv
+        at, owner, nth = new_blocks(kv.held[ids], context, n, kv.bt)
+        return at, ids[owner], nth
 
     def _allocate(
         self,
@@ -453,7 +449,7 @@ class _RunLog:
     ) -> None:
         """``len(attention)`` decode steps of a batch whose contexts start at ``context``."""
         k, n = len(attention), len(context)
-        self.add_steps(n, np.full(k, n), np.zeros(k, dtype=np.int64), np.full(k, n), e)
+        self._add_shapes(n, [n] * k, [0] * k, [n] * k, [e.cost.activation_bytes(n, n)] * k)
         self.linear += [linear] * k
         self.attention += attention.tolist()
         self.overhead += [overhead] * k
@@ -464,17 +460,25 @@ class _RunLog:
     ) -> None:
         """The shape of steps of ``batch`` sequences (``tokens``, ``prefill`` tokens and
         ``sampled`` sequences in each)."""
+        tokens, sampled = tokens.tolist(), sampled.tolist()
+        activation = e.cost.activation_bytes
+        activations = [activation(t, n) for t, n in zip(tokens, sampled, strict=True)]
+        self._add_shapes(batch, tokens, prefill.tolist(), sampled, activations)
+
+    def _add_shapes(
+        self,
+        batch: int,
+        tokens: list[int],
+        prefill: list[int],
+        sampled: list[int],
+        activations: list[float],
+    ) -> None:
         self.batch += [batch] * len(tokens)
         self.hits += [[0, 0, 0]] * len(tokens)
-        self.tokens += tokens.tolist()
-        self.prefill += prefill.tolist()
-        self.sampled += sampled.tolist()
-        activation, k = e.cost.activation_bytes, len(tokens)
-        if (tokens == tokens[0]).all() and (sampled == sampled[0]).all():  # decodes
-            self.activations += [activation(int(tokens[0]), int(sampled[0]))] * k
-        else:
-            pairs = zip(tokens.tolist(), sampled.tolist(), strict=True)
-            self.activations += [activation(t, n) for t, n in pairs]
+        self.tokens += tokens
+        self.prefill += prefill
+        self.sampled += sampled
+        self.activations += activations
 
     def snapshot(self, e: Engine, replace: bool = False) -> None:
         """The running count and HBM blocks after a step (``replace``: the last step's)."""
@@ -526,6 +530,24 @@ class _RunLog:
         )
 
 
+def new_blocks(held: np.ndarray, context: np.ndarray, n: int, bt: int):
+    """The blocks that sequences holding ``held`` blocks for ``context`` tokens start in the
+    next ``n`` decode steps, by step and then in batch order (as the scheduler allocates):
+    each one's step, its sequence's index, and how many that sequence started before."""
+    first = np.maximum(held * bt - context, 0)  # steps until its next block
+    if n <= bt:  # at most one each: a stable sort on the step keeps batch order
+        owner = np.flatnonzero(first < n)
+        at = first[owner]
+        order = at.argsort(kind="stable")
+        return at[order], owner[order], np.zeros(len(owner), dtype=np.int64)
+    per = np.where(first < n, (n - 1 - first) // bt + 1, 0)
+    owner = np.repeat(np.arange(len(held)), per)
+    nth = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+    step = first[owner] + bt * nth
+    order = np.lexsort((owner, step))
+    return step[order], owner[order], nth[order]
+
+
 def _chunks(tokens: int, budget: int) -> np.ndarray:
     """The chunks of ``tokens`` prefill tokens at ``budget`` a step, each of two or more (a
     last chunk of one token is a decode kernel: it is left to a step of its own)."""
@@ -536,8 +558,8 @@ def _chunks(tokens: int, budget: int) -> np.ndarray:
 
 def _reads(context: np.ndarray, steps: int, e: Engine) -> np.ndarray:
     """Blocks read in each of ``steps`` decode steps of sequences from ``context`` tokens."""
-    contexts = context[None, :] + np.arange(steps)[:, None]
-    return (-(-contexts // e.config.engine.block_tokens)).sum(axis=1)
+    bt = e.config.engine.block_tokens
+    return (((context + (bt - 1))[None, :] + np.arange(steps)[:, None]) // bt).sum(axis=1)
 
 
 def _exact_delay(now: float, end: float) -> float | None:

@@ -238,6 +238,32 @@ def test_grow_each_allocates_as_one_call_each():
     assert one.tiers[0].resident == many.tiers[0].resident
 
 
+def _plain_new_blocks(held: np.ndarray, context: np.ndarray, n: int, bt: int) -> list[tuple]:
+    """(step, index, nth) of each block started, a step at a time in batch order."""
+    holds, out = held.tolist(), []
+    for step in range(n):
+        for i, c in enumerate(context.tolist()):
+            if c + step + 1 > holds[i] * bt:  # its next token starts a block
+                out.append((step, i, holds[i] - int(held[i])))
+                holds[i] += 1
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 70), st.integers(0, 2)), min_size=1, max_size=80),
+    st.integers(1, 40),
+    st.sampled_from([1, 4, 16]),
+)
+def test_new_blocks_are_the_step_by_step_order(seqs, n, bt):
+    # each sequence: its context tokens, and blocks held beyond those its context fills
+    context = np.array([c for c, _ in seqs], dtype=np.int64)
+    held = -(-context // bt) + np.array([extra for _, extra in seqs], dtype=np.int64)
+    at, owner, nth = decoderun.new_blocks(held, context, n, bt)
+    got = list(zip(at.tolist(), owner.tolist(), nth.tolist(), strict=True))
+    assert got == _plain_new_blocks(held, context, n, bt)
+
+
 def _requests(arrival: list[float], prompt: int = 300, output: int = 40) -> Requests:
     n = len(arrival)
     return Requests(
