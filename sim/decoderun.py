@@ -207,8 +207,8 @@ class DecodeRuns:
         s.computed[decoders] += k - 1  # the steps before the last, in bulk
         s.generated[decoders] += k - 1
         s.computed[rid] += int(chunks[: k - 1].sum())
-        new = np.append(np.ones(n, dtype=np.int64), chunks[k - 1])
-        sampled = np.append(np.ones(n, dtype=bool), bool(samples[k - 1]))
+        new, sampled = np.ones(n + 1, dtype=np.int64), np.ones(n + 1, dtype=bool)
+        new[-1], sampled[-1] = chunks[k - 1], samples[k - 1]
         s.complete(Batch(ids.copy(), new, s.computed[ids], sampled, ids[:0]), log.now)
         log.snapshot(e, replace=True)
         return True
