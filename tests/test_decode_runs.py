@@ -31,8 +31,10 @@ def _same_results(config) -> int:
     off = config.model_copy(
         update={"engine": config.engine.model_copy(update={"decode_runs": False})}
     )
-    _, a = _run(off)
+    loop, a = _run(off)
     engine, b = _run(config)
+    # the same block ids, taken and freed in the same order
+    assert loop.kv.table._free_ids == engine.kv.table._free_ids
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
     drop = ("wall_time_s",)
