@@ -197,6 +197,12 @@ class CostModel:
         self.attention_flops_per_pair = (
             2.0 * model.heads * (model.attention_qk_dim + model.attention_v_dim)
         )
+        # a decode kernel's FLOPs take under half its reads' time, whatever the batch: rounding
+        # cannot make them the larger, so the roofline's max is the reads' (sim/decoderun.py)
+        flop_s, read_s = self.attention_flops_per_pair / params.attention_flops, (
+            self.kv_bytes_per_token_layer / params.memory_bandwidth
+        )
+        self.decode_reads_bound = flop_s < 0.5 * read_s
         self.linear_time = lru_cache(maxsize=1 << 16)(self._linear_time)
         self.token_parts = lru_cache(maxsize=1 << 14)(self._token_parts)
 
@@ -392,9 +398,11 @@ class CostModel:
         """The decode kernel's time in each of ``steps`` decode steps from ``context``."""
         m, p = self.model, self.params
         span = (context + 1.0)[None, :] + np.arange(steps, dtype=np.float64)[:, None]  # exact
+        reads = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1) / p.memory_bandwidth
+        if self.decode_reads_bound:
+            return reads
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)
-        traffic = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1)
-        return np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth)
+        return np.maximum(flops / p.attention_flops, reads)
 
     def _overhead(self) -> float:
         return self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s

@@ -3,6 +3,8 @@ their step costs are the cost model's, and they are taken where they should be."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -145,9 +147,14 @@ def test_runs_are_not_taken_where_tiers_move_data():
 
 
 @pytest.mark.parametrize("sliding", [None, 256])
-def test_decode_steps_equal_one_step_at_a_time(sliding, tiny_model, cost_params: CostParams):
+@pytest.mark.parametrize("attention_efficiency", [0.25, 1e-4])  # reads-bound, FLOPs-bound
+def test_decode_steps_equal_one_step_at_a_time(
+    sliding, attention_efficiency, tiny_model, cost_params: CostParams
+):
     model = tiny_model.model_copy(update={"sliding_window": sliding})
-    cost = CostModel(model, cost_params)
+    params = dataclasses.replace(cost_params, attention_efficiency=attention_efficiency)
+    cost = CostModel(model, params)
+    assert cost.decode_reads_bound == (attention_efficiency == 0.25)
     context = np.random.default_rng(3).integers(0, 5000, size=37)
     linear, attention, overhead = cost.decode_steps(context, 50)
     ones = np.ones(len(context), dtype=np.int64)
