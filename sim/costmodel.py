@@ -199,8 +199,9 @@ class CostModel:
         )
         # a decode kernel's FLOPs take under half its reads' time, whatever the batch: rounding
         # cannot make them the larger, so the roofline's max is the reads' (sim/decoderun.py)
-        flop_s, read_s = self.attention_flops_per_pair / params.attention_flops, (
-            self.kv_bytes_per_token_layer / params.memory_bandwidth
+        flop_s, read_s = (
+            self.attention_flops_per_pair / params.attention_flops,
+            (self.kv_bytes_per_token_layer / params.memory_bandwidth),
         )
         self.decode_reads_bound = flop_s < 0.5 * read_s
         self.linear_time = lru_cache(maxsize=1 << 16)(self._linear_time)
