@@ -209,9 +209,14 @@ def test_runs_take_admissions_prefill_chunks_and_finishes():
 
 @pytest.mark.parametrize("decoders", [0, 37])
 @pytest.mark.parametrize("sliding", [None, 256])
-def test_prefill_steps_equal_one_step_at_a_time(decoders, sliding, tiny_model, cost_params):
+@pytest.mark.parametrize("attention_efficiency", [0.25, 1e-4])  # reads-bound, FLOPs-bound
+def test_prefill_steps_equal_one_step_at_a_time(
+    decoders, sliding, attention_efficiency, tiny_model, cost_params
+):
     model = tiny_model.model_copy(update={"sliding_window": sliding})
-    cost = CostModel(model, cost_params)
+    cost = CostModel(
+        model, dataclasses.replace(cost_params, attention_efficiency=attention_efficiency)
+    )
     context = np.random.default_rng(4).integers(0, 5000, size=decoders)
     chunks = np.array([300, 300, 300, 57])
     sampled = np.array([0, 0, 0, 1]) + decoders
