@@ -1,7 +1,7 @@
 """The speed benchmark: a fixed set of workloads, one table, JSON (issue 8). Not a test.
 
     python -m benchmarks.run [--quick] [--only KEY[,KEY...]] [--json FILE] [--repeat N]
-                             [--max-requests N]
+                             [--max-requests N] [--instructions]
 
 Each workload runs in its own process (``--child KEY``), so peak RSS is its own. Columns:
 wall time (building the workload + simulating), its CPU time (what to compare on a shared
@@ -10,7 +10,8 @@ events per second (for the replay workload: block accesses per second). ``--only
 picks workload 6, ``--only 4`` every ``4-*`` one, ``--only 2`` both ``2a`` and ``2b``;
 ``--only scale`` the 1,000,000-request run, which no other selection includes. Traces come
 from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machine and on
-its other load (compare CPU seconds); docs/performance.md records a run.
+its other load (compare CPU seconds, or with ``--instructions`` the instructions executed,
+counted by valgrind's callgrind: the same on every run); docs/performance.md records a run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import copy
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -215,18 +217,34 @@ def child(key: str, max_requests: int | None = None) -> None:
     print(json.dumps(row))
 
 
-def run_one(key: str, max_requests: int | None = None) -> dict:
-    """Run ``key`` in a fresh interpreter; its figures."""
+CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+
+
+def run_one(key: str, max_requests: int | None = None, instructions: bool = False) -> dict:
+    """Run ``key`` in a fresh interpreter; its figures (``instructions``: under callgrind,
+    with the instructions it executed, imports and the workload's build included)."""
     cap = ["--max-requests", str(max_requests)] if max_requests else []
+    command = [sys.executable, "-m", "benchmarks.run", "--child", key, *cap]
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--child", key, *cap],
+        [*CALLGRIND, *command] if instructions else command,
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[1],
     )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    if instructions:
+        row["instructions"] = _collected(proc.stderr)
+    return row
+
+
+def _collected(stderr: str) -> int:
+    """The instruction count in callgrind's summary (``==pid== Collected : N``)."""
+    for line in stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split(":")[-1])
+    raise RuntimeError(f"no instruction count in valgrind's output: {stderr[-300:]!r}")
 
 
 def _rates(row: dict) -> dict:
@@ -244,9 +262,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def format_table(results: dict[str, dict]) -> str:
     """The table the benchmark prints."""
+    counted = any("instructions" in row for row in results.values())
     head = (
         f"{'#':<6} {'workload':<44} {'wall s':>8} {'CPU s':>8} {'RSS MiB':>8} {'sim s/wall s':>12} "
-        f"{'steps/s':>9} {'events/s':>10}  target"
+        f"{'steps/s':>9} {'events/s':>10}" + (f" {'G instr':>8}" if counted else "") + "  target"
     )
     lines = [head, "-" * len(head)]
     for key, row in results.items():
@@ -258,7 +277,9 @@ def format_table(results: dict[str, dict]) -> str:
         lines.append(
             f"{key:<6} {w.title:<44} {row['wall_s']:>8.2f} {row['cpu_s']:>8.2f} {rss:>8.0f} "
             f"{_fmt(row['sim_per_wall'], '>12,.1f')} {_fmt(row['steps_per_s'], '>9,.0f')} "
-            f"{_fmt(row['events_per_s'], '>10,.0f')}  {w.target}"
+            f"{_fmt(row['events_per_s'], '>10,.0f')}"
+            + (f" {row['instructions'] / 1e9:>8.3f}" if counted else "")
+            + f"  {w.target}"
         )
     return "\n".join(lines)
 
@@ -298,16 +319,24 @@ def main() -> None:
     parser.add_argument(
         "--max-requests", type=int, help="cap the trace workloads (1, 2a, 2b) at N requests"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run under valgrind's callgrind and add the instructions executed (deterministic: "
+        "compare trees on a noisy machine; times are then callgrind's, ~50x slower)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.max_requests)
         return
+    if args.instructions and shutil.which("valgrind") is None:
+        raise SystemExit("--instructions: valgrind is not installed (apt install valgrind)")
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} cores; python {sys.version.split()[0]}")
     results: dict[str, dict] = {}
     for key in select(args.only, args.quick):
-        runs = [run_one(key, args.max_requests) for _ in range(args.repeat)]
+        runs = [run_one(key, args.max_requests, args.instructions) for _ in range(args.repeat)]
         good = [r for r in runs if "error" not in r]
         row = min(good, key=lambda r: r["wall_s"]) if good else runs[0]
         if "error" not in row:

@@ -1,0 +1,37 @@
+"""The benchmark's table and instruction counts (benchmarks/run.py; its timings are not tested)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.run import _collected, format_table
+
+CALLGRIND_SUMMARY = """==12== Events    : Ir
+==12== Collected : 2705157420
+==12==
+==12== I   refs:      2,705,157,420
+"""
+
+
+def test_the_instruction_count_is_callgrinds_collected_figure():
+    assert _collected(CALLGRIND_SUMMARY) == 2_705_157_420
+
+
+def test_no_count_in_valgrinds_output_is_an_error():
+    with pytest.raises(RuntimeError, match="no instruction count"):
+        _collected("valgrind: python: command not found\n")
+
+
+def test_the_table_shows_instructions_only_when_counted():
+    row = {
+        "wall_s": 2.0,
+        "cpu_s": 2.5,
+        "peak_rss_bytes": 100 * 2**20,
+        "sim_per_wall": 300.0,
+        "steps_per_s": 20_000.0,
+        "events_per_s": 1_500.0,
+    }
+    plain = format_table({"6": row}).splitlines()
+    counted = format_table({"6": {**row, "instructions": 5_619_000_000}}).splitlines()
+    assert "G instr" not in plain[0] and "G instr" in counted[0]
+    assert counted[-1].split()[-4:] == ["5.619", "<=", "2.3", "s"] and "5.619" not in plain[-1]
