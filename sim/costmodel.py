@@ -197,12 +197,10 @@ class CostModel:
         self.attention_flops_per_pair = (
             2.0 * model.heads * (model.attention_qk_dim + model.attention_v_dim)
         )
-        # a decode kernel's FLOPs take under half its reads' time, whatever the batch: rounding
-        # cannot make them the larger, so the roofline's max is the reads' (sim/decoderun.py)
-        flop_s, read_s = (
-            self.attention_flops_per_pair / params.attention_flops,
-            (self.kv_bytes_per_token_layer / params.memory_bandwidth),
-        )
+        # decode kernels whose FLOPs take under half their reads' time, whatever the batch:
+        # rounding cannot make the FLOPs the larger, so the roofline's max is the reads'
+        flop_s = self.attention_flops_per_pair / params.attention_flops
+        read_s = self.kv_bytes_per_token_layer / params.memory_bandwidth
         self.decode_reads_bound = flop_s < 0.5 * read_s
         self.linear_time = lru_cache(maxsize=1 << 16)(self._linear_time)
         self.token_parts = lru_cache(maxsize=1 << 14)(self._token_parts)

@@ -241,10 +241,11 @@ class DecodeRuns:
             log.last = True  # the next step preempts (or an arrival is due right now)
         # every step's blocks in one call: the decoders' in batch order, then the prefill's
         m, own = int(per_step[:taken].sum()), need[:taken]
+        k = int(own.sum())
         step = np.concatenate((at[:m], np.repeat(np.arange(taken), own)))
         order = step.argsort(kind="stable")
-        owners = np.concatenate((rids[:m], np.full(int(own.sum()), rid)))
-        kv.grow_each(owners[order], np.concatenate((nth[:m], np.arange(int(own.sum()))))[order])
+        owners = np.concatenate((rids[:m], np.full(k, rid)))
+        kv.grow_each(owners[order], np.concatenate((nth[:m], np.arange(k)))[order])
         log.running += [len(decoders) + 1] * taken
         log.resident += (hbm.resident - len(owners) + np.cumsum(counts[:taken])).tolist()
         log.cached += [len(hbm.evictable)] * taken
