@@ -227,7 +227,7 @@ class DecodeRuns:
         kv = self.engine.kv
         hbm = kv.tiers[HBM]
         n = len(chunks)
-        at, rids, nth = self._allocations(decoders, context, n)
+        at, rids, _ = self._allocations(decoders, context, n)
         per_step = np.bincount(at, minlength=n)
         held = int(kv.held[rid])
         target = int(self.engine.scheduler.computed[rid]) + np.cumsum(chunks)
@@ -239,16 +239,15 @@ class DecodeRuns:
         taken = min(int(np.searchsorted(times[:n], self.engine.next_arrival_s)), fits)
         if (taken < n and taken == fits) or taken == 0:
             log.last = True  # the next step preempts (or an arrival is due right now)
-        # every step's blocks in one call: the decoders' in batch order, then the prefill's
-        m, own = int(per_step[:taken].sum()), need[:taken]
-        k = int(own.sum())
-        step = np.concatenate((at[:m], np.repeat(np.arange(taken), own)))
-        order = step.argsort(kind="stable")
-        owners = np.concatenate((rids[:m], np.full(k, rid)))
-        kv.grow_each(owners[order], np.concatenate((nth[:m], np.arange(k)))[order])
-        log.running += [len(decoders) + 1] * taken
-        log.resident += (hbm.resident - len(owners) + np.cumsum(counts[:taken])).tolist()
-        log.cached += [len(hbm.evictable)] * taken
+        bounds = [0, *np.cumsum(per_step[:taken]).tolist()]
+        for j, (a, b) in enumerate(pairwise(bounds)):
+            for r in rids[a:b].tolist():
+                kv.allocate(r, int(kv.held[r]) * kv.bt + 1)  # its next block
+            if need[j]:
+                kv.allocate(rid, int(target[j]))
+            log.running.append(len(decoders) + 1)
+            log.resident.append(hbm.resident)
+            log.cached.append(len(hbm.evictable))
         return taken
 
     def _close_step(self, log: _RunLog, end: float, batch: Batch) -> None:
