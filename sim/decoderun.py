@@ -233,12 +233,7 @@ class DecodeRuns:
         target = int(self.engine.scheduler.computed[rid]) + np.cumsum(chunks)
         full = -(-target // kv.bt)  # blocks the prefill holds after each step
         need = np.maximum(full - np.maximum.accumulate(np.append(held, full[:-1])), 0)
-        counts = per_step + need
-        short = counts > kv.available - (np.cumsum(counts) - counts)  # would fail
-        fits = int(np.argmax(short)) if short.any() else n
-        taken = min(int(np.searchsorted(times[:n], self.engine.next_arrival_s)), fits)
-        if (taken < n and taken == fits) or taken == 0:
-            log.last = True  # the next step preempts (or an arrival is due right now)
+        taken = self._steps_taken(per_step + need, times, log)
         bounds = [0, *np.cumsum(per_step[:taken]).tolist()]
         for j, (a, b) in enumerate(pairwise(bounds)):
             for r in rids[a:b].tolist():
@@ -248,6 +243,18 @@ class DecodeRuns:
             log.running.append(len(decoders) + 1)
             log.resident.append(hbm.resident)
             log.cached.append(len(hbm.evictable))
+        return taken
+
+    def _steps_taken(self, counts: np.ndarray, times: np.ndarray, log: _RunLog) -> int:
+        """How many of a piece's steps (``counts`` new blocks each, starting at ``times``) it
+        takes: those that start before the next arrival while the pool has their blocks. The
+        run ends after them if the next one would preempt (or an arrival is due right now)."""
+        n = len(counts)
+        short = counts > self.engine.kv.available - (counts.cumsum() - counts)  # would fail
+        fits = int(short.argmax()) if short.any() else n
+        taken = min(int(times[:n].searchsorted(self.engine.next_arrival_s)), fits)
+        if (taken < n and taken == fits) or taken == 0:
+            log.last = True
         return taken
 
     def _close_step(self, log: _RunLog, end: float, batch: Batch) -> None:
@@ -298,11 +305,7 @@ class DecodeRuns:
         times = np.add.accumulate(np.concatenate(([log.now], compute)))  # as SimPy adds
         at, rids, nth = self._allocations(ids, context, n)
         counts = np.bincount(at, minlength=n)
-        short = counts > e.kv.available - (np.cumsum(counts) - counts)  # would fail
-        fits = int(np.argmax(short)) if short.any() else n
-        taken = min(int(np.searchsorted(times[:n], e.next_arrival_s)), fits)  # start before
-        if (taken < n and taken == fits) or taken == 0:
-            log.last = True  # the next step preempts (or an arrival is due right now)
+        taken = self._steps_taken(counts, times, log)
         if taken == 0:
             return 0
         self._allocate(ids, context, (rids, nth), counts[:taken], times[:taken], log)
