@@ -201,6 +201,18 @@ def _run_replay() -> dict:
     return {"wall_s": wall, "sim_s": None, "steps": None, "events": accesses, "jobs": jobs}
 
 
+def capped(config: dict, max_requests: int | None) -> dict:
+    """A copy of an engine workload's config cut to its first ``max_requests`` requests (a
+    trace's first ones; a drawn workload draws that many)."""
+    config = copy.deepcopy(config)
+    workload = config["workload"]
+    if max_requests and workload.get("kind") == "trace":
+        workload["max_requests"] = max_requests
+    elif max_requests:
+        workload["num_requests"] = min(workload["num_requests"], max_requests)
+    return config
+
+
 def child(key: str, max_requests: int | None = None) -> None:
     """Run one workload in this process and print its figures as one JSON line."""
     workload = BY_KEY[key]
@@ -208,10 +220,7 @@ def child(key: str, max_requests: int | None = None) -> None:
     if workload.config is None:
         row = _run_replay()
     else:
-        config = copy.deepcopy(workload.config)
-        if max_requests and config["workload"]["kind"] == "trace":
-            config["workload"]["max_requests"] = max_requests
-        row = _run_engine(config)
+        row = _run_engine(capped(workload.config, max_requests))
     row["cpu_s"] = _cpu_s() - cpu
     row["peak_rss_bytes"] = _peak_rss_bytes()
     print(json.dumps(row))
@@ -232,7 +241,8 @@ def run_one(key: str, max_requests: int | None = None, instructions: bool = Fals
         cwd=Path(__file__).resolve().parents[1],
     )
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+        said = [line for line in proc.stderr.splitlines() if line and not line.startswith("==")]
+        return {"error": said[-1] if said else f"exit status {proc.returncode}"}  # not valgrind's
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     if instructions:
         row["instructions"] = _collected(proc.stderr)
@@ -317,7 +327,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("runs/benchmark.json"))
     parser.add_argument("--repeat", type=int, default=1, help="keep the best of N runs")
     parser.add_argument(
-        "--max-requests", type=int, help="cap the trace workloads (1, 2a, 2b) at N requests"
+        "--max-requests",
+        type=int,
+        help="cap the engine workloads at N requests (a trace's first N; the others draw N)",
     )
     parser.add_argument(
         "--instructions",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.run import _collected, format_table
+from benchmarks.run import BY_KEY, _collected, capped, format_table
 
 CALLGRIND_SUMMARY = """==12== Events    : Ir
 ==12== Collected : 2705157420
@@ -35,3 +35,11 @@ def test_the_table_shows_instructions_only_when_counted():
     counted = format_table({"6": {**row, "instructions": 5_619_000_000}}).splitlines()
     assert "G instr" not in plain[0] and "G instr" in counted[0]
     assert counted[-1].split()[-4:] == ["5.619", "<=", "2.3", "s"] and "5.619" not in plain[-1]
+
+
+def test_max_requests_cuts_every_engine_workload():
+    assert capped(BY_KEY["1"].config, 500)["workload"]["max_requests"] == 500  # a trace
+    assert capped(BY_KEY["6"].config, 2000)["workload"]["num_requests"] == 2000  # drawn
+    assert capped(BY_KEY["3"].config, 2000)["workload"]["num_requests"] == 32  # already fewer
+    assert capped(BY_KEY["6"].config, None)["workload"]["num_requests"] == 4000
+    assert BY_KEY["6"].config["workload"]["num_requests"] == 4000  # a copy
