@@ -11,7 +11,8 @@ picks workload 6, ``--only 4`` every ``4-*`` one, ``--only 2`` both ``2a`` and `
 ``--only scale`` the 1,000,000-request run, which no other selection includes. Traces come
 from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machine and on
 its other load (compare CPU seconds, or with ``--instructions`` the instructions executed,
-counted by valgrind's callgrind: the same on every run); docs/performance.md records a run.
+counted by valgrind's callgrind: within 0.5% from run to run); docs/performance.md records
+a run.
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ def main() -> None:
     parser.add_argument(
         "--instructions",
         action="store_true",
-        help="run under valgrind's callgrind and add the instructions executed (deterministic: "
+        help="run under valgrind's callgrind and add the instructions executed (within 0.5%%: "
         "compare trees on a noisy machine; times are then callgrind's, ~50x slower)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
