@@ -199,6 +199,7 @@ class CostModel:
         )
         # decode kernels whose FLOPs take under half their reads' time, whatever the batch:
         # rounding cannot make the FLOPs the larger, so the roofline's max is the reads'
+        # (a step's decode kernel and a run's, :meth:`_decode_kernels`, skip the FLOPs)
         flop_s = self.attention_flops_per_pair / params.attention_flops
         read_s = self.kv_bytes_per_token_layer / params.memory_bandwidth
         self.decode_reads_bound = flop_s < 0.5 * read_s
@@ -309,7 +310,7 @@ class CostModel:
         if decode.any():
             # NOTE: the prefill formulas with new = 1.0 are exactly ctx + 1.0 for both
             span = self._attended(context if decode.all() else context[decode]) + 1.0
-            total += self._kernel_time(span, span)
+            total += self._kernel_time(span, span, reads_bound=self.decode_reads_bound)
             total += m.layers * p.attention_latency_s
         return total
 
@@ -318,12 +319,17 @@ class CostModel:
         ctx = context.astype(np.float64)
         return np.minimum(ctx, self.model.sliding_window) if self.model.sliding_window else ctx
 
-    def _kernel_time(self, pairs: np.ndarray, attended: np.ndarray) -> float:
+    def _kernel_time(
+        self, pairs: np.ndarray, attended: np.ndarray, reads_bound: bool = False
+    ) -> float:
         """One attention kernel over all layers: its FLOPs (``pairs`` of query and key
-        tokens) or its KV reads (``attended`` tokens), whichever takes longer."""
+        tokens) or its KV reads (``attended`` tokens), whichever takes longer (the reads,
+        unsummed FLOPs, when the caller knows they are: ``decode_reads_bound``)."""
         m, p = self.model, self.params
-        flops = pairs * self.attention_flops_per_pair * m.layers
         traffic = attended * self.kv_bytes_per_token_layer * m.layers
+        if reads_bound:
+            return traffic.sum() / p.memory_bandwidth
+        flops = pairs * self.attention_flops_per_pair * m.layers
         return max(flops.sum() / p.attention_flops, traffic.sum() / p.memory_bandwidth)
 
     # --- a whole step -----------------------------------------------------------------------
