@@ -286,8 +286,6 @@ class KvManager:
             return
         if tier.index == HBM and self.prefetch.active:
             self.prefetch.forget(b)
-        below = self._below(tier)
-        keep = self.prefix and t.hash[b] and t.ref[b] == 0
         if tier.index == HBM and self.mode == "dram_centric":
             if t.dirty[b]:
                 self._copy("d2h", self.tiers[DRAM].block_bytes, blocking=True)
@@ -295,7 +293,15 @@ class KvManager:
             return
         if tier is self.home and self.mode == "dram_centric" and t.where[HBM, b]:
             self.tiers[HBM].remove(b)  # HBM caches DRAM: a block leaving home leaves the cache
-        if keep and below is not None and not t.where[below.index, b] and self._insert(below, b):
+        below = self._below(tier)
+        if (
+            below is not None
+            and self.prefix
+            and t.hash[b]
+            and t.ref[b] == 0  # a cached prefix block: worth keeping
+            and not t.where[below.index, b]
+            and self._insert(below, b)
+        ):
             # an HBM slot is reused only after its copy left: that copy blocks the step
             link = "d2h" if tier.index == HBM else "ssd_write"
             self._copy(link, below.block_bytes, blocking=tier.index == HBM)
