@@ -20,7 +20,9 @@ the order given (it may stop early) and calls ``on_evict(v)`` for each one, whic
 where the policy forgets ``v`` (and where ARC and S3-FIFO remember it in a ghost list,
 GreedyDual and LFU-DA raise their inflation value). A removal that is not an eviction
 (a request frees its blocks, a block moves to another tier) is ``on_remove(v)``, which
-never creates ghost entries. ``on_evict`` defaults to ``on_remove``.
+never creates ghost entries. ``on_evict`` defaults to ``on_remove``. A pool that evicts
+every victim it is given may call ``evict(n, pinned)``: ``victims`` then ``on_evict`` each
+(a policy may do both in one pass).
 """
 
 from __future__ import annotations
@@ -137,6 +139,16 @@ class EvictionPolicy(ABC):
         """:meth:`on_evict` each of ``keys``, in order (a policy may do it in one go)."""
         for key in keys:
             self.on_evict(key)
+
+    def evict(self, n: int, pinned: PinnedMask = None) -> list[int]:
+        """Up to ``n`` victims, forgotten: :meth:`victims`, then :meth:`on_evict` each.
+
+        A pool that evicts every victim it is given calls this; a policy that plans on
+        shadows may override it to take its steps on its own queues, in one pass.
+        """
+        victims = self.victims(n, pinned)
+        self.on_evict_many(victims)
+        return victims
 
     def on_miss(self, key: int, now: float = 0.0) -> None:  # noqa: B027  # optional hook
         """A lookup of ``key`` missed; called before ``victims()`` makes room for it."""

@@ -122,6 +122,25 @@ class S3FIFO(EvictionPolicy):
             self._plan = None
             from_small = key in self.small
             del (self.small if from_small else self.main)[key]
+        self._forget_victim(key, from_small)
+
+    def evict(self, n: int, pinned: PinnedMask = None) -> list[int]:
+        """:meth:`victims` and :meth:`on_evict` each, with no key pinned: the steps taken on
+        the real queues, as the replay of the plan would take them."""
+        if pinned is not None:  # (a step that finds no victim must leave the queues as they were)
+            return super().evict(n, pinned)
+        self._plan = None
+        out: list[int] = []
+        while len(out) < n:
+            key, from_small = self._step(self.small, self.main, self.freq, _never)
+            if key is None:  # both queues empty: the step changed nothing
+                break
+            self._forget_victim(key, from_small)
+            out.append(key)
+        return out
+
+    def _forget_victim(self, key: int, from_small: bool) -> None:
+        """An evicted ``key`` (out of its queue) is forgotten; a victim from S enters the ghost."""
         del self.freq[key]
         self._evicted = True
         if from_small and self.ghost_size > 0:
@@ -186,3 +205,8 @@ class S3FIFO(EvictionPolicy):
         return fastpath.s3fifo(
             trace.keys, capacity, self.small_size, self.ghost_size, self.threshold
         )
+
+
+def _never(key: int) -> bool:
+    """No key is pinned."""
+    return False

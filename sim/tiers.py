@@ -246,9 +246,8 @@ class Tier:
             return []
         if self.held and not self._held_out:
             pinned = self._with_held(pinned)
-        victims = list(self.policy.victims(min(n, len(self.evictable)), pinned))
+        victims = list(self.policy.evict(min(n, len(self.evictable)), pinned))
         self.evictable.difference_update(victims)
-        self.policy.on_evict_many(victims)
         if len(victims) == 1:  # (the usual eviction: a scalar store is quicker)
             self.table.where[self.index, victims[0]] = False
         else:

@@ -51,6 +51,34 @@ def test_victims_are_pure_resident_unpinned_and_ordered(name, trace, capacity, d
     assert len(checked) == len(trace.keys)
 
 
+PINNED = st.none() | st.lists(st.booleans(), max_size=14).map(lambda m: np.array(m, dtype=bool))
+
+
+@pytest.mark.parametrize("name", ALL)
+@SETTINGS
+@given(trace=traces(), capacity=st.integers(1, 6), data=st.data())
+def test_evict_is_victims_then_on_evict_each(name, trace, capacity, data):
+    """``evict`` (S3-FIFO's takes its steps in place) picks what ``victims`` picks and leaves
+    the policy as ``on_evict`` of each does: the twins then hit and evict alike."""
+    one, two = build(name, capacity, trace), build(name, capacity, trace)
+    pools = Pool(one, capacity), Pool(two, capacity)
+    for keys, now in zip(trace.requests(), trace.times.tolist(), strict=True):
+        one.on_request(keys, now)
+        two.on_request(keys, now)
+        for key in keys:
+            hits = [pool.access(key, now) for pool in pools]
+            assert hits[0] == hits[1] and pools[0].evicted == pools[1].evicted
+            if data.draw(st.booleans()):
+                n, pinned = data.draw(st.integers(0, capacity)), data.draw(PINNED)
+                planned = two.victims(n, pinned)
+                for v in planned:
+                    two.on_evict(v)
+                assert one.evict(n, pinned) == planned
+                for pool in pools:
+                    pool.resident.difference_update(planned)
+    assert one.victims(capacity) == two.victims(capacity)
+
+
 @pytest.mark.parametrize("name", ALL)
 @SETTINGS
 @given(trace=traces(), capacity=st.integers(1, 6), data=st.data())
