@@ -9,6 +9,8 @@ After each step (once its timeline row is recorded):
   within the usable HBM (``gpu_memory_utilization`` x capacity);
 - every block's reference count equals the number of requests holding it, a held block is
   in some tier, and no block in use is evictable (:meth:`KvManager.check`);
+- a block holds a prefix hash exactly while the prefix index maps that hash to it (prefix
+  lookups rely on it);
 - every link conserves bytes: delivered + in flight = submitted (in flight: transfers on
   the wire or paying their latency), nothing delivered twice.
 
@@ -139,6 +141,7 @@ class Invariants:
         homeless = np.flatnonzero((refs > 0) & ~t.where[:, :n].any(axis=0))
         if len(homeless):
             self.fail("a block in use is in no tier", f"block {int(homeless[0])}")
+        self.check_index()
         for tier in kv.tiers:
             evictable = np.fromiter(tier.evictable, dtype=np.int64, count=len(tier.evictable))
             if not t.where[tier.index, evictable].all():
@@ -146,6 +149,18 @@ class Invariants:
             if tier is kv.home and (t.ref[evictable] > 0).any():
                 b = int(evictable[t.ref[evictable] > 0][0])
                 self.fail(f"tier {tier.name}: a block in use is evictable", f"block {b}")
+
+    def check_index(self) -> None:
+        """The prefix index maps each hash to the one block that holds it, and back."""
+        t = self.engine.kv.table
+        named = np.flatnonzero(t.hash[: t.size])
+        index = {int(h): b for h, b in zip(t.hash[named].tolist(), named.tolist(), strict=True)}
+        if index != t.index:
+            wrong = sorted(set(index.items()) ^ set(t.index.items()))[0]
+            self.fail(
+                "the prefix index and the blocks' hashes disagree",
+                f"hash {wrong[0]} -> block {wrong[1]} on one side only",
+            )
 
     def check_links(self, final: bool) -> None:
         """Bytes submitted = delivered + in flight (in flight: 0 at the end)."""

@@ -14,9 +14,9 @@ Modes:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
-from operator import itemgetter
 
 import numpy as np
 import simpy
@@ -33,7 +33,7 @@ from sim.prefetch import Prefetcher
 from sim.tiers import Tier
 from sim.workload.requests import Requests
 
-PREFIX_MEMO = 64  # requests whose prefix lookups are memoised (per block-index version)
+PREFIX_MEMO = 64  # requests whose prefix lookups are memoised
 FEW_VICTIMS = 8  # victims demoted one at a time (cheaper than arrays for so few)
 FEW_BLOCKS = 8  # fewer new blocks than this are allocated one call each
 
@@ -43,6 +43,24 @@ def _distinct(ids: np.ndarray) -> bool:
     if bool((ids[1:] > ids[:-1]).all()):
         return True
     return len(set(ids.tolist())) == len(ids)
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixHits:
+    """A prompt's longest cached prefix: its blocks in order, and the tier each is read from."""
+
+    blocks: np.ndarray
+    tiers: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """(block, tier) pairs."""
+        return zip(self.blocks.tolist(), self.tiers.tolist(), strict=True)
+
+
+NO_HITS = PrefixHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -127,7 +145,7 @@ class KvManager:
         self.counters = Counters()
         self.on_loaded = lambda rid: None
         self.loads_in_flight = 0
-        self._prefix_memo: dict[int, tuple[int, list[int]]] = {}
+        self._prefix_memo: dict[int, tuple[int, np.ndarray, int, np.ndarray]] = {}
         self._copies: dict[tuple[str, bool], float] = {}
         self._mirrors: dict[int, list] = {}  # rid -> [its block list, length mirrored, array]
         self.arrival_s = requests.arrival_s
@@ -438,46 +456,62 @@ class KvManager:
 
     # --- prefix hits ----------------------------------------------------------------------
 
-    def match(self, rid: int) -> list[tuple[int, int]]:
-        """(block, tier) of the longest cached prefix of ``rid``'s prompt (one token left over)."""
+    def match(self, rid: int) -> PrefixHits:
+        """The longest cached prefix of ``rid``'s prompt (one token left over)."""
         if not self.prefix:
-            return []
-        ids = self._indexed_prefix(rid)
-        if not ids:
-            return []
+            return NO_HITS
+        ids = np.asarray(self._indexed_prefix(rid), dtype=np.int64)
+        if not len(ids):
+            return NO_HITS
         where = self.table.where[: self.lookup_tiers, ids]
         present = where.any(axis=0)
         cut = len(ids) if present.all() else int(np.argmin(present))
-        tiers = np.argmax(where[:, :cut], axis=0)
-        return list(zip(ids[:cut], tiers.tolist(), strict=True))
+        return PrefixHits(ids[:cut], np.argmax(where[:, :cut], axis=0))
 
-    def _indexed_prefix(self, rid: int) -> list[int]:
-        """Blocks registered under ``rid``'s leading prompt hashes (memoised per index state)."""
-        version = self.table.index_version
-        memo = self._prefix_memo.get(rid)
-        if memo is not None and memo[0] == version:
-            return memo[1]
+    def _indexed_prefix(self, rid: int) -> np.ndarray:
+        """Blocks registered under ``rid``'s leading prompt hashes, up to the first that is not.
+
+        Memoised per request. While the index is unchanged the memo stands; after a change it
+        still stands if each of its blocks holds its hash (a block holds a hash exactly while
+        the index maps the hash to it) and the next hash is still unregistered; if that one
+        is registered now, the lookups go on from there.
+        """
         hashes = self.hashes[rid]
         limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
-        ids = list(map(self.table.index.get, hashes[:limit].tolist()))
-        if None in ids:  # cut at the first hash not registered
-            del ids[ids.index(None) :]
+        version, memo = self.table.index_version, self._prefix_memo.get(rid)
+        if memo is not None and memo[1] is hashes and memo[2] == limit:
+            ids = memo[3]
+            if memo[0] == version:
+                return ids
+            if np.array_equal(self.table.hash[ids], hashes[: len(ids)]):
+                if len(ids) < limit and int(hashes[len(ids)]) in self.table.index:
+                    ids = np.concatenate((ids, self._lookups(hashes[len(ids) : limit])))
+                self._prefix_memo[rid] = (version, hashes, limit, ids)
+                return ids
+        ids = self._lookups(hashes[:limit])
         if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, and a prefetch lookahead
             self._prefix_memo = {}
-        self._prefix_memo[rid] = (version, ids)
+        self._prefix_memo[rid] = (version, hashes, limit, ids)
         return ids
 
-    def admission_cost(self, rid: int, hits: list[tuple[int, int]], tokens: int) -> int:
+    def _lookups(self, hashes: np.ndarray) -> np.ndarray:
+        """The blocks the index holds for ``hashes``, up to the first it does not hold."""
+        ids = list(map(self.table.index.get, hashes.tolist()))
+        if None in ids:
+            del ids[ids.index(None) :]
+        return np.array(ids, dtype=np.int64)
+
+    def admission_cost(self, rid: int, hits: PrefixHits, tokens: int) -> int:
         """Home-tier blocks admitting ``rid`` with ``hits`` and ``tokens`` computed would take."""
         new = max(-(-tokens // self.bt) - len(hits), 0)
-        if not hits:
+        if not len(hits):
             return new
-        ids = list(map(itemgetter(0), hits))
-        taken = sum(map(self.home.evictable.__contains__, ids))
+        ids = hits.blocks
+        taken = sum(map(self.home.evictable.__contains__, ids.tolist()))
         elsewhere = len(ids) - int(np.count_nonzero(self.table.where[self.home.index, ids]))
         return new + taken + elsewhere
 
-    def take(self, rid: int, hits: list[tuple[int, int]]) -> bool:
+    def take(self, rid: int, hits: PrefixHits) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
         if not self.prefix:
             return False
@@ -490,14 +524,14 @@ class KvManager:
         self._make_room(self.home, len(loads))
         for b in loads:
             self.home.add(b, now, evictable=False)
-        self.blocks[rid] = [b for b, _ in hits]
+        self.blocks[rid] = hits.blocks.tolist()
         self.held[rid] = len(hits)
         self.registered[rid] = len(hits)
         c.prefix_hit_tokens += len(hits) * self.bt
         waits: list[simpy.Event] = []
         if self.prefetch.active:
             self.prefetch.admitted(rid, float(self.arrival_s[rid]))
-            in_hbm = [b for b, _ in hits if self.table.where[HBM, b]]
+            in_hbm = hits.blocks[self.table.where[HBM, hits.blocks]].tolist()
             self.prefetch.used(in_hbm)
             waits = self.prefetch.waits(in_hbm)  # staged copies still on their way
         if loads or waits:
@@ -505,22 +539,20 @@ class KvManager:
             self.env.process(self._load(rid, loads, on_ssd, sources, waits))
         return bool(loads or waits)
 
-    def _reference(self, hits: list[tuple[int, int]]) -> list[int]:
+    def _reference(self, hits: PrefixHits) -> list[int]:
         """Count and reference the hit blocks, pin those at home; returns the others.
 
         NOTE: one at a time, each home block was pinned then touched; a touch after a pin
         does nothing (a pinned block is not evictable), so pinning them all is the same.
         """
-        if not hits:
+        if not len(hits):
             return []
         c, t, home = self.counters, self.table, self.home
-        ids = [b for b, _ in hits]
-        tiers = [tier for _, tier in hits]
-        for i in range(len(c.hits)):
-            c.hits[i] += tiers.count(i)
-        at = np.asarray(ids, dtype=np.int64)
+        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+            c.hits[i] += n
+        at = hits.blocks
         np.add.at(t.ref, at, 1)
-        at_home = (np.asarray(tiers) == home.index) | t.where[home.index, at]
+        at_home = (hits.tiers == home.index) | t.where[home.index, at]
         home.pin_many(at[at_home].tolist())
         return at[~at_home].tolist()
 
@@ -607,7 +639,7 @@ class KvManager:
         tiers = [t for t in self.tiers if hasattr(t.policy, "set_upcoming")]
         if not tiers:
             return
-        keys = [b for rid in waiting for b, _ in self.match(rid)]
+        keys = [b for rid in waiting for b in self.match(rid).blocks.tolist()]
         for tier in tiers:
             tier.policy.set_upcoming(keys)  # type: ignore[attr-defined]
 

@@ -119,7 +119,7 @@ class Prefetcher:
         for rid in islice(scheduler.waiting, self.policy.lookahead):
             if rid in kv.swapped or kv.held[rid]:
                 continue
-            hits = [b for b, _ in kv.match(rid)]
+            hits = kv.match(rid).blocks.tolist()
             out.append(np.asarray([b for b in hits if not where[b]], dtype=np.int64))
             keep.extend(b for b in hits if where[b])
         return out, keep

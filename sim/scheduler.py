@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
-from sim.kvcache import KvManager
+from sim.kvcache import NO_HITS, KvManager, PrefixHits
 from sim.workload.requests import Requests
 
 WAITING, RUNNING, FINISHED, REJECTED = 1, 2, 3, 4
@@ -52,7 +52,7 @@ class Batch:
 class Admission(NamedTuple):
     """What admitting a request would do (:meth:`Scheduler.plan_admission`)."""
 
-    hits: list[tuple[int, int]]  # (block, tier) of its cached prefix
+    hits: PrefixHits  # its cached prefix
     start: int  # the token it starts computing at
     tokens: int  # tokens it computes this step
     blocks: int  # home-tier blocks that takes
@@ -203,7 +203,7 @@ class Scheduler:
         if the budget refuses it (no chunked prefill, and its rest does not fit)."""
         kv = self.kv
         fresh = kv.held[rid] == 0  # new, or preempted by recompute: look up its prefix
-        hits = kv.match(rid) if fresh else []
+        hits = kv.match(rid) if fresh else NO_HITS
         start = len(hits) * self.engine.block_tokens if fresh else int(self.computed[rid])
         total = int(self.prompt[rid] + self.generated[rid])
         if not self.engine.chunked_prefill and total - start > budget:

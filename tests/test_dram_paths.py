@@ -131,7 +131,29 @@ def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt):
     kv.hashes = [np.asarray(hashes, dtype=np.uint64)]
     kv.prompt = np.array([prompt])
     kv.table.index = {h: 100 + h for h in registered}
-    assert kv._indexed_prefix(0) == ref_indexed_prefix(kv, 0)
+    assert kv._indexed_prefix(0).tolist() == ref_indexed_prefix(kv, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hashes=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+    ops=st.lists(st.tuples(st.booleans(), st.integers(0, 11)), max_size=40),
+)
+def test_indexed_prefix_memo_follows_registrations_and_drops(hashes, ops):
+    """The memoised prefix lookup, asked after each change of the index, gives a fresh one."""
+    kv = _engine(*DRAM_CASES[0], seed=0).kv
+    kv.hashes = [np.asarray(hashes, dtype=np.uint64)]
+    kv.prompt = np.array([kv.bt * len(hashes) + 1])
+    t = kv.table
+    blocks = [t.new(0, i, 0.0) for i in range(len(hashes))]
+    for register, i in ops:
+        i %= len(hashes)
+        if register:  # first writer wins: a repeated hash keeps its first block
+            t.register(blocks[i], hashes[i])
+        else:  # the block goes and its id comes back for the same place, unregistered
+            t.drop(blocks[i])
+            blocks[i] = t.new(0, i, 0.0)
+        assert kv._indexed_prefix(0).tolist() == ref_indexed_prefix(kv, 0)
 
 
 @pytest.mark.parametrize("case", [*DRAM_CASES, None], ids=[*(c[1] for c in DRAM_CASES), "small"])

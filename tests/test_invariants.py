@@ -64,6 +64,10 @@ def inflate_hbm_kv(eng: Engine) -> None:
     eng.kv.hbm_kv_bytes = lambda: (real()[0] + 4096.0, real()[1])  # one page too many
 
 
+def phantom_index_entry(eng: Engine) -> None:
+    eng.kv.table.index[12345] = first_running_block(eng)  # a hash its block does not hold
+
+
 @pytest.mark.parametrize(
     ("damage", "fragments"),
     [
@@ -72,6 +76,7 @@ def inflate_hbm_kv(eng: Engine) -> None:
         (miscount_hbm, ["tier hbm miscounts its blocks", "block table"]),
         (phantom_delivery, ["link h2d does not conserve bytes", "delivered 1000000"]),
         (inflate_hbm_kv, ["HBM KV bytes differ from its resident blocks", "running"]),
+        (phantom_index_entry, ["the prefix index and the blocks' hashes disagree", "hash 12345"]),
     ],
 )
 def test_corrupted_state_stops_the_run_at_that_step(damage, fragments):
