@@ -507,7 +507,7 @@ class KvManager:
         if not len(hits):
             return new
         ids = hits.blocks
-        taken = sum(map(self.home.evictable.__contains__, ids.tolist()))
+        taken = len(self.home.evictable.intersection(ids.tolist()))  # (a prefix's are distinct)
         elsewhere = len(ids) - int(np.count_nonzero(self.table.where[self.home.index, ids]))
         return new + taken + elsewhere
 
