@@ -471,10 +471,10 @@ class KvManager:
     def _indexed_prefix(self, rid: int) -> np.ndarray:
         """Blocks registered under ``rid``'s leading prompt hashes, up to the first that is not.
 
-        Memoised per request. While the index is unchanged the memo stands; after a change it
-        still stands if each of its blocks holds its hash (a block holds a hash exactly while
-        the index maps the hash to it) and the next hash is still unregistered; if that one
-        is registered now, the lookups go on from there.
+        Memoised per request. While the index is unchanged the memo stands; after a change,
+        its blocks up to the first that no longer holds its hash still stand (a block holds a
+        hash exactly while the index maps the hash to it), and the lookups go on from there
+        (if the memo holds all, from its next hash only if that one is registered now).
         """
         hashes = self.hashes[rid]
         limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
@@ -483,11 +483,12 @@ class KvManager:
             ids = memo[3]
             if memo[0] == version:
                 return ids
-            if np.array_equal(self.table.hash[ids], hashes[: len(ids)]):
-                if len(ids) < limit and int(hashes[len(ids)]) in self.table.index:
-                    ids = np.concatenate((ids, self._lookups(hashes[len(ids) : limit])))
-                self._prefix_memo[rid] = (version, hashes, limit, ids)
-                return ids
+            held = self.table.hash[ids] == hashes[: len(ids)]
+            m = len(ids) if held.all() else int(held.argmin())
+            if m < len(ids) or (m < limit and int(hashes[m]) in self.table.index):
+                ids = np.concatenate((ids[:m], self._lookups(hashes[m:limit])))
+            self._prefix_memo[rid] = (version, hashes, limit, ids)
+            return ids
         ids = self._lookups(hashes[:limit])
         if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, and a prefetch lookahead
             self._prefix_memo = {}
