@@ -145,7 +145,7 @@ class KvManager:
         self.counters = Counters()
         self.on_loaded = lambda rid: None
         self.loads_in_flight = 0
-        self._prefix_memo: dict[int, tuple[int, np.ndarray, int, np.ndarray]] = {}
+        self._prefix_memo: dict[int, tuple[int, np.ndarray]] = {}  # rid -> (index version, ids)
         self._copies: dict[tuple[str, bool], float] = {}
         self._mirrors: dict[int, list] = {}  # rid -> [its block list, length mirrored, array]
         self.arrival_s = requests.arrival_s
@@ -476,23 +476,22 @@ class KvManager:
         hash exactly while the index maps the hash to it), and the lookups go on from there
         (if the memo holds all, from its next hash only if that one is registered now).
         """
-        hashes = self.hashes[rid]
-        limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
         version, memo = self.table.index_version, self._prefix_memo.get(rid)
-        if memo is not None and memo[1] is hashes and memo[2] == limit:
-            ids = memo[3]
-            if memo[0] == version:
-                return ids
+        if memo is not None and memo[0] == version:
+            return memo[1]
+        hashes = self.hashes[rid]  # (a request's hashes and prompt never change)
+        limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+        if memo is not None:
+            ids = memo[1]
             held = self.table.hash[ids] == hashes[: len(ids)]
             m = len(ids) if held.all() else int(held.argmin())
             if m < len(ids) or (m < limit and int(hashes[m]) in self.table.index):
                 ids = np.concatenate((ids[:m], self._lookups(hashes[m:limit])))
-            self._prefix_memo[rid] = (version, hashes, limit, ids)
-            return ids
-        ids = self._lookups(hashes[:limit])
-        if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, and a prefetch lookahead
-            self._prefix_memo = {}
-        self._prefix_memo[rid] = (version, hashes, limit, ids)
+        else:
+            ids = self._lookups(hashes[:limit])
+            if len(self._prefix_memo) >= PREFIX_MEMO:  # the queue head, a prefetch lookahead
+                self._prefix_memo = {}
+        self._prefix_memo[rid] = (version, ids)
         return ids
 
     def _lookups(self, hashes: np.ndarray) -> np.ndarray:
