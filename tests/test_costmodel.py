@@ -63,3 +63,13 @@ def test_activation_bytes_grow_linearly_with_tokens(cost_params, tiny_model):
     a1, a2 = cost.activation_bytes(1000, 0), cost.activation_bytes(2000, 0)
     assert a2 == pytest.approx(2 * a1)
     assert cost.activation_bytes(0, 10) == 10 * 32000 * 4 * 2  # fp32 logits + probabilities
+
+
+def test_prefill_with_a_cached_prefix_computes_only_the_rest(cost_params, tiny_model):
+    """``prefill_time(p, cached)`` prices the ``p - cached`` tokens left, attending to the
+    cached ones: one step of 600 new tokens on a context of 400, cheaper than all 1,000."""
+    cost = CostModel(tiny_model, cost_params)
+    rest = cost.step(np.array([600]), np.array([400]), sampled=1).total_s
+    assert cost.prefill_time(1000, cached=400) == rest
+    assert cost.prefill_time(1000, cached=400) < cost.prefill_time(1000)
+    assert cost.prefill_time(1000, cached=0) == cost.prefill_time(1000)

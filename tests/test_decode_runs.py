@@ -4,6 +4,7 @@ their step costs are the cost model's, and they are taken where they should be."
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,12 @@ CASES = {
         synthetic(30, LOGNORMAL, 60, 10.0),
     ),
     "all at once": ([], {**synthetic(50, 200, 30, 1.0), "arrival": {"kind": "all_at_once"}}),
+    # one decoder leaves a prompt one token a step: such steps are not prefill chunks (the
+    # run's chunk pricing needs two or more), each is priced as the loop prices it
+    "a budget of one token beside a decoder": (
+        ["engine.max_batched_tokens=2", "engine.max_num_seqs=2"],
+        synthetic(6, 40, 12, 50.0),
+    ),
     "arrivals while others decode and prefill": (
         ["engine.max_batched_tokens=512"],
         synthetic(150, {"kind": "lognormal", "mean": 900, "sigma": 0.6}, LONG_OUTPUTS, 6.0),
@@ -210,13 +217,15 @@ def test_runs_take_admissions_prefill_chunks_and_finishes():
 @pytest.mark.parametrize("decoders", [0, 37])
 @pytest.mark.parametrize("sliding", [None, 256])
 @pytest.mark.parametrize("attention_efficiency", [0.25, 1e-4])  # reads-bound, FLOPs-bound
+@pytest.mark.parametrize("latency", [0.0, 3e-6])  # calibrated: each attention kernel's latency
 def test_prefill_steps_equal_one_step_at_a_time(
-    decoders, sliding, attention_efficiency, tiny_model, cost_params
+    decoders, sliding, attention_efficiency, latency, tiny_model, cost_params
 ):
     model = tiny_model.model_copy(update={"sliding_window": sliding})
-    cost = CostModel(
-        model, dataclasses.replace(cost_params, attention_efficiency=attention_efficiency)
+    params = dataclasses.replace(
+        cost_params, attention_efficiency=attention_efficiency, attention_latency_s=latency
     )
+    cost = CostModel(model, params)
     context = np.random.default_rng(4).integers(0, 5000, size=decoders)
     chunks = np.array([300, 300, 300, 57])
     sampled = np.array([0, 0, 0, 1]) + decoders
@@ -387,3 +396,65 @@ def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(monkeypatch)
     assert joined == 4000 // 512  # 7 full chunks, then 416 tokens and the newcomer's 96
     assert b.timeline["step_tokens"].iloc[joined] == 512
     assert len(scheduled) == 1 and engine.decode_runs.steps > joined
+
+
+def test_an_arrival_due_as_a_run_would_start_is_left_to_simpy(monkeypatch):
+    """A step that began before a request's arrival event was scheduled ends exactly at its
+    arrival: SimPy wakes the engine first, with the request not yet handed over. A run
+    starting then must take no step and leave it to the loop (which schedules without the
+    request), not plan from that instant again and again."""
+    config = make_config("engine.max_num_seqs=2")  # the newcomers wait: the two decode
+    off = config.model_copy(
+        update={"engine": config.engine.model_copy(update={"decode_runs": False})}
+    )
+    base = [0.0, 0.001]
+    _, first = _run_with(off, _requests(base))
+    t0, t1 = first.timeline["time_s"].iloc[10:12].tolist()  # a step while both decode
+    arrivals = np.array([*base, (t0 + t1) / 2, t1])  # one during the step, one at its end
+    assert delivery_times(arrivals)[-1] == t1
+    calls = []
+    plan = decoderun.DecodeRuns._next
+
+    def bounded(self):
+        calls.append(1)
+        assert len(calls) < 100_000, "a run plans the same instant forever"
+        return plan(self)
+
+    monkeypatch.setattr(decoderun.DecodeRuns, "_next", bounded)
+    _, a = _run_with(off, _requests(arrivals.tolist()))
+    engine, b = _run_with(config, _requests(arrivals.tolist()))
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+    assert engine.decode_runs.steps > 0
+
+
+def test_a_piece_starting_at_the_next_arrival_takes_no_step():
+    """:meth:`DecodeRuns._steps_taken`: steps start before the next arrival only; when the
+    first would start at it (or after), none is taken and the run ends there (an arrival
+    cutting a piece later ends it through the delivery instead)."""
+    runs = decoderun.DecodeRuns.__new__(decoderun.DecodeRuns)
+    runs.engine = SimpleNamespace(kv=SimpleNamespace(available=100), next_arrival_s=1.0)
+    counts = np.zeros(3, dtype=np.int64)
+    for start, taken, last in ((1.0, 0, True), (1.5, 0, True), (0.0, 1, False), (-9.0, 3, False)):
+        log = decoderun._RunLog(start)
+        times = start + np.arange(4.0)  # steps of one second from ``start``
+        assert runs._steps_taken(counts, times, log) == taken
+        assert log.last is last
+
+
+def test_a_last_chunk_of_one_token_beside_a_decoder_is_priced_as_the_loop_prices_it():
+    """A 1,023-token prompt beside one decoder gets 511 tokens a step: 511, 511, then 1. That
+    last token runs as a decode kernel with the decoder's (not a prefill chunk): runs price it
+    as the loop does, so the timelines are identical."""
+    config = make_config("engine.max_batched_tokens=512")
+    off = config.model_copy(
+        update={"engine": config.engine.model_copy(update={"decode_runs": False})}
+    )
+    requests = Requests(np.array([0.0, 0.05]), np.array([100, 1023]), np.array([300, 20]))
+    _, a = _run_with(off, requests)
+    engine, b = _run_with(config, requests)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+    both = b.timeline[b.timeline["batch_size"] == 2]
+    assert both["prefill_tokens"].head(3).tolist() == [511, 511, 1]
+    assert engine.decode_runs.steps > 0

@@ -10,6 +10,7 @@ from sim.costmodel import CostModel, CostParams
 from sim.engine import Engine, simulate
 from sim.memory import plan_hbm
 from sim.rundir import write_run
+from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
 
 
@@ -192,3 +193,13 @@ def test_same_seed_gives_identical_files(tmp_path):
         assert (a / name).read_bytes() == (b / name).read_bytes()
     other = simulate(make_config("seed=8")).requests
     assert not other.arrival_s.equals(pd.read_parquet(a / "requests.parquet").arrival_s)
+
+
+def test_a_request_exactly_at_the_length_limit_runs_and_one_token_more_is_rejected():
+    """``max_model_len`` bounds prompt + output: 100 + 20 = 120 tokens fit a limit of 120
+    and run to the end; 101 + 20 does not, and is rejected with that reason."""
+    config = make_config("engine.max_model_len=120")
+    requests = Requests(np.zeros(2), np.array([100, 101]), np.array([20, 20]))
+    result = Engine(config, requests).run()
+    assert result.requests.status.tolist() == ["finished", "rejected"]
+    assert result.requests.reject_reason.tolist() == ["", "exceeds_max_model_len"]

@@ -89,3 +89,15 @@ def test_late_clock_and_odd_sizes_still_finish(start, transfers):
     env.run(until=start + 10.0)
     assert len(done) == len(transfers)
     assert link.bytes_delivered == pytest.approx(link.bytes_submitted)
+
+
+def test_a_copy_in_small_pieces_runs_at_the_pieces_efficiency():
+    """1 MB moved as 8 KiB pieces, on a link at half efficiency for 24 KiB pieces: each
+    piece gets 8/(8+24) = 1/4 of the bandwidth, so the copy takes 4 MB/BW (not the
+    nearly full speed of one 1 MB piece)."""
+    env = simpy.Environment()
+    link = Link(env, "h2d", BW, half_efficiency_bytes=24576)
+    done = link.transfer(1e6, chunk_bytes=8192)
+    env.run(done)
+    assert env.now == pytest.approx(4e6 / BW)
+    assert link.bytes_delivered == 1e6

@@ -448,3 +448,105 @@ def test_s3fifo_counts_each_use_of_a_held_block():
         tier.make_evictable(a, now)  # S: b, a
     tier.add(c, 4.0, evictable=True)  # S: b, a, c
     assert tier.evict(2) == [b, c]
+
+
+def test_a_full_tier_refuses_another_block_and_stays_as_it_was():
+    """``resident <= capacity`` is a tier's invariant: once full, every way of adding a
+    block (one or many, evictable or in use) raises and leaves the tier unchanged."""
+    from policies.registry import make_eviction
+    from sim.blocks import BlockTable
+    from sim.tiers import Tier
+
+    table = BlockTable()
+    ids = [table.new(owner=0, position=i, heat=0.0) for i in range(6)]
+    tier = Tier(0, "hbm", 4, 1.0, make_eviction("lru", capacity=4), table)
+    tier.add(ids[0], 0.0, evictable=True)
+    tier.add_pinned([ids[1]])
+    tier.add_pinned([ids[2], ids[3]])
+    assert tier.resident == 4 and tier.free_slots == 0
+    for add in (
+        lambda: tier.add(ids[4], 1.0, evictable=True),
+        lambda: tier.add(ids[4], 1.0, evictable=False),
+        lambda: tier.add_pinned([ids[4]]),
+        lambda: tier.add_pinned([ids[4], ids[5]]),
+        lambda: tier.add_evictable_many(np.array([ids[4]]), 1.0),
+    ):
+        with pytest.raises(RuntimeError, match="full"):
+            add()
+        assert tier.resident == 4 and not table.where[0, ids[4]] and not table.where[0, ids[5]]
+        assert tier.evictable == {ids[0]}
+
+
+def test_a_tier_shrunk_below_its_residents_has_no_free_slot():
+    """HBM in ``dram_centric`` may shrink below its residents for an instant: it then has
+    no free slot (not a negative count), and only its evictable blocks are available."""
+    tier, ids = _tier_with("lru", capacity=4)
+    for now, b in enumerate(ids):
+        tier.add(b, float(now), evictable=now < 2)  # two cached, two in use
+    tier.capacity = 1
+    assert tier.free_slots == 0
+    assert tier.available == 2
+
+
+def test_a_length_aware_tier_evicts_the_earliest_block_of_a_request_first():
+    """Length-aware LFU breaks ties by the block's index in its request (its table
+    position), smallest first, whatever the order blocks were cached in: the tier hands
+    each new evictable block's position to the policy."""
+    tier, ids = _tier_with("length_aware", capacity=4)  # positions 0, 1, 2, 3
+    for now, b in enumerate((ids[3], ids[1], ids[2])):  # cached last block first
+        tier.add(b, float(now), evictable=True)
+    assert tier.evict(3) == [ids[1], ids[2], ids[3]]
+
+
+@pytest.mark.parametrize("policy", ["lfu", "fifo", "arc", "sieve", "gds", "heat"])
+def test_a_removed_held_block_leaves_a_policy_that_keeps_held_blocks(policy):
+    """Policies that keep a block in use in their order (no hold hooks, access is not an
+    insert) must forget it when it leaves the tier while held: it is never a victim
+    afterwards, and its id can be cached again as a new block."""
+    tier, (a, b, c, _) = _tier_with(policy)
+    for now, block in enumerate((a, b, c)):
+        tier.add(block, float(now), evictable=True)
+    tier.pin(a)
+    tier.remove(a)
+    assert sorted(tier.evict(5)) == sorted([b, c])
+    tier.add(a, 9.0, evictable=True)  # the id is reused for a new block
+    assert tier.evict(5) == [a] and tier.resident == 0
+
+
+def test_touching_blocks_in_bulk_leaves_held_ones_out():
+    """:meth:`Tier.touch_many` is a hit on each evictable block, in order; a held block's
+    use is counted when it is released, not by a touch: it stays out of the eviction order
+    (a policy taking a step's touches in one call gets the evictable ones only)."""
+    tier, (a, b, c, d) = _tier_with("lru")  # LRU takes a step's touches in one call
+    for now, block in enumerate((a, b, c, d)):
+        tier.add(block, float(now), evictable=True)
+    tier.pin(b)
+    tier.touch_many(np.array([c, b, a]), 9.0)  # LRU order now: d, c, a (b in use)
+    assert tier.evict(4) == [d, c, a]
+    assert tier.held == {b} and tier.resident == 1
+
+
+def test_eviction_with_a_pinned_mask_spares_held_blocks_too():
+    """A held block is never a victim, also when the caller pins other blocks with a
+    mask (a step's reads): for a policy that keeps held blocks in its order, the tier adds
+    them to the mask."""
+    tier, (a, b, c, d) = _tier_with("lfu")
+    for now, block in enumerate((a, b, c, d)):
+        tier.add(block, float(now), evictable=True)
+    tier.pin(a)  # the least used and oldest block, in use
+    pinned = np.zeros(tier.table.size, dtype=bool)
+    pinned[c] = True
+    assert tier.evict(2, pinned) == [b, d]
+    assert tier.evict(5) == [c] and tier.held == {a}
+
+
+def test_a_touch_counts_when_a_single_block_is_evictable():
+    """LFU: the only cached block, ``a``, is hit twice by bulk touches; ``b``, cached later
+    and never hit, then has fewer uses and goes first (without the hits, ``a`` is older)."""
+    tier, (a, b, c, _) = _tier_with("lfu")
+    tier.add(a, 0.0, evictable=True)
+    tier.add(c, 0.5, evictable=False)  # in use: not touched
+    for now in (1.0, 2.0):
+        tier.touch_many(np.array([a, c]), now)
+    tier.add(b, 3.0, evictable=True)
+    assert tier.evict(1) == [b]

@@ -130,3 +130,22 @@ def test_replay_with_a_different_capacity_is_refused_or_consistent(name):
             replay(policy, trace, 3)
     else:
         assert replay(policy, trace, 3).sum() >= 1
+
+
+def test_s3fifo_does_not_replay_a_plan_made_before_a_hit():
+    """S3-FIFO memoises the steps :meth:`victims` planned; a hit after the plan changes
+    what those steps would do, so evicting the planned key then removes just that key, as
+    if no plan had been made (a twin policy with the same history evicts the same way)."""
+    from policies.s3fifo import S3FIFO
+
+    planned, twin = S3FIFO(20), S3FIFO(20)  # S holds 2
+    for policy in (planned, twin):
+        for key in range(6):
+            policy.on_insert(key, float(key))
+    (victim,) = planned.victims(1)
+    for policy in (planned, twin):
+        policy.on_access(victim)
+        policy.on_access(victim)  # now at the move threshold: a scan would promote it
+        policy.on_evict(victim)
+    assert victim not in planned.freq
+    assert planned.victims(6) == twin.victims(6)
