@@ -1,7 +1,7 @@
 """The speed benchmark: a fixed set of workloads, one table, JSON (issue 8). Not a test.
 
     python -m benchmarks.run [--quick] [--only KEY[,KEY...]] [--json FILE] [--repeat N]
-                             [--max-requests N] [--instructions]
+                             [--max-requests N] [--instructions | --profile DIR]
 
 Each workload runs in its own process (``--child KEY``), so peak RSS is its own. Columns:
 wall time (building the workload + simulating), its CPU time (what to compare on a shared
@@ -12,13 +12,16 @@ picks workload 6, ``--only 4`` every ``4-*`` one, ``--only 2`` both ``2a`` and `
 from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machine and on
 its other load (compare CPU seconds, or with ``--instructions`` the instructions executed,
 counted by valgrind's callgrind: within 0.5% from run to run); docs/performance.md records
-a run.
+a run. ``--profile DIR`` writes where each workload's time goes, as pyinstrument sees it, to
+``DIR/<key>.txt`` (its timings then include the profiler's overhead).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -214,26 +217,50 @@ def capped(config: dict, max_requests: int | None) -> dict:
     return config
 
 
-def child(key: str, max_requests: int | None = None) -> None:
-    """Run one workload in this process and print its figures as one JSON line."""
+def child(key: str, max_requests: int | None = None, profile: Path | None = None) -> None:
+    """Run one workload in this process and print its figures as one JSON line (``profile``:
+    also write pyinstrument's report of the run there)."""
     workload = BY_KEY[key]
+    profiler = _profiler() if profile else None
     cpu = _cpu_s()
+    if profiler:
+        profiler.start()
     if workload.config is None:
         row = _run_replay()
     else:
         row = _run_engine(capped(workload.config, max_requests))
+    if profiler and profile:
+        profiler.stop()
+        profile.write_text(profiler.output_text(unicode=False, color=False))
     row["cpu_s"] = _cpu_s() - cpu
     row["peak_rss_bytes"] = _peak_rss_bytes()
     print(json.dumps(row))
 
 
+def _profiler():
+    """A pyinstrument profiler, once the simulator is imported (so that its imports are not
+    in the report)."""
+    from pyinstrument import Profiler
+
+    for module in ("sim.engine", "sim.replay"):
+        importlib.import_module(module)
+    return Profiler(interval=0.001)
+
+
 CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
 
 
-def run_one(key: str, max_requests: int | None = None, instructions: bool = False) -> dict:
+def run_one(
+    key: str,
+    max_requests: int | None = None,
+    instructions: bool = False,
+    profile: Path | None = None,
+) -> dict:
     """Run ``key`` in a fresh interpreter; its figures (``instructions``: under callgrind,
-    with the instructions it executed, imports and the workload's build included)."""
+    with the instructions it executed, imports and the workload's build included;
+    ``profile``: pyinstrument's report written to that file)."""
     cap = ["--max-requests", str(max_requests)] if max_requests else []
+    cap += ["--profile-out", str(profile.resolve())] if profile else []
     command = [sys.executable, "-m", "benchmarks.run", "--child", key, *cap]
     proc = subprocess.run(
         [*CALLGRIND, *command] if instructions else command,
@@ -338,18 +365,35 @@ def main() -> None:
         help="run under valgrind's callgrind and add the instructions executed (within 0.5%%: "
         "compare trees on a noisy machine; times are then callgrind's, ~50x slower)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="write pyinstrument's report of each workload to DIR/KEY.txt (times then include "
+        "the profiler's overhead)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.max_requests)
+        child(args.child, args.max_requests, args.profile_out)
         return
+    if args.profile and args.instructions:
+        raise SystemExit("--profile and --instructions: give one (each slows the other's run)")
     if args.instructions and shutil.which("valgrind") is None:
         raise SystemExit("--instructions: valgrind is not installed (apt install valgrind)")
+    if args.profile and importlib.util.find_spec("pyinstrument") is None:
+        raise SystemExit("--profile: pyinstrument is not installed (pip install pyinstrument)")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} cores; python {sys.version.split()[0]}")
     results: dict[str, dict] = {}
     for key in select(args.only, args.quick):
-        runs = [run_one(key, args.max_requests, args.instructions) for _ in range(args.repeat)]
+        profile = args.profile / f"{key}.txt" if args.profile else None
+        runs = [
+            run_one(key, args.max_requests, args.instructions, profile) for _ in range(args.repeat)
+        ]
         good = [r for r in runs if "error" not in r]
         row = min(good, key=lambda r: r["wall_s"]) if good else runs[0]
         if "error" not in row:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import pytest
 
+from benchmarks import run
 from benchmarks.run import BY_KEY, _collected, capped, format_table
 
 CALLGRIND_SUMMARY = """==12== Events    : Ir
@@ -43,3 +47,31 @@ def test_max_requests_cuts_every_engine_workload():
     assert capped(BY_KEY["3"].config, 2000)["workload"]["num_requests"] == 32  # already fewer
     assert capped(BY_KEY["6"].config, None)["workload"]["num_requests"] == 4000
     assert BY_KEY["6"].config["workload"]["num_requests"] == 4000  # a copy
+
+
+def test_profile_writes_the_workloads_report(tmp_path):
+    """``--profile``: the child runs the workload under pyinstrument and writes its report,
+    which shows the simulation (the engine's run), beside the usual figures."""
+    pytest.importorskip("pyinstrument")
+    row = run.run_one("3", profile=tmp_path / "3.txt")
+    assert row["steps"] > 0 and "error" not in row
+    report = (tmp_path / "3.txt").read_text()
+    assert "_run_engine" in report and "Engine.run" in report
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "message"),
+    [
+        (["--profile", "p", "--instructions"], None, "give one"),
+        (["--profile", "p"], "pyinstrument", "pyinstrument is not installed"),
+    ],
+)
+def test_profile_is_refused_with_one_message(monkeypatch, argv, missing, message):
+    """``--profile`` with ``--instructions``, or without pyinstrument: one line, no run."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == missing else find_spec(name)
+    )
+    monkeypatch.setattr(sys, "argv", ["benchmarks.run", "--only", "3", *argv])
+    with pytest.raises(SystemExit, match=message):
+        run.main()
