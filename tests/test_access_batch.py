@@ -418,3 +418,18 @@ def test_step_read_sets_match_the_block_lists(monkeypatch):
     }
     simulate(make_config("engine.max_batched_tokens=1024", workload=workload, kv=kv))
     assert seen["steps"] > 50 and seen["decodes"] > 200 and seen["prefills"] > 10
+
+
+def test_walk_without_drift_reads_the_top_k_and_draws_nothing():
+    """``walk`` with drift 0 is a still heat map: sink 1, the 2 hottest middle blocks by hand
+    (3 and 5), window 2; the heat and the generator are left as they were (the batch, which
+    takes no draws at drift 0, must agree with the loop)."""
+    spec = sparse(sink_blocks=1, window_blocks=2, topk_blocks=2, drift=0.0, drift_kind="walk")
+    heat = np.array([0.9, 0.1, 0.2, 0.8, 0.3, 0.7, 0.95, 0.99])
+    model = AccessModel(spec, np.random.default_rng(7))
+    got = model.decode_blocks(np.arange(8, dtype=np.int64), heat)
+    assert got.tolist() == [0, 3, 5, 6, 7]
+    assert heat.tolist() == [0.9, 0.1, 0.2, 0.8, 0.3, 0.7, 0.95, 0.99]
+    assert model.rng.bit_generator.state == np.random.default_rng(7).bit_generator.state
+    seqs, heat = shared_batch(np.random.default_rng(23), n_seqs=5, prefix=60)
+    assert_same(spec, seqs, heat)

@@ -72,6 +72,20 @@ def test_queue_lookahead_takes_the_blocking_copy_off_a_waiting_requests_ttft():
     assert none.summary["h2d_bytes"] == pytest.approx(ahead.summary["h2d_bytes"])
 
 
+def test_per_step_columns_place_the_staging_and_the_hits():
+    """In the hand case above the blocks are staged a few per step while r2 decodes, and r3
+    reads them all on its one prefill step, after the last staging: the per-step columns
+    must show each count on its own step (not running totals, not each other's)."""
+    result = run_case("queue_lookahead")
+    t, staged = result.timeline, result.summary["prefetch_blocks"]
+    block = result.config.tier_block_bytes("dram")
+    assert t.prefetch_blocks.sum() == staged > 20
+    assert (t.prefetch_bytes == t.prefetch_blocks * block).all()
+    hit_steps = np.flatnonzero(t.prefetch_hits.to_numpy() > 0)
+    assert len(hit_steps) == 1 and t.prefetch_hits.iloc[hit_steps[0]] == staged
+    assert hit_steps[0] > np.flatnonzero(t.prefetch_blocks.to_numpy() > 0).max()
+
+
 def test_prefetch_none_adds_no_columns_or_figures():
     result = run_case("none")
     assert not any(c.startswith("prefetch") for c in result.timeline.columns)
