@@ -32,6 +32,10 @@ import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyinstrument import Profiler
 
 MOONCAKE = "mooncake_fast25_conversation_trace.jsonl"
 MOONCAKE_SYNTHETIC = "mooncake_fast25_synthetic_trace.jsonl"
@@ -223,13 +227,13 @@ def child(key: str, max_requests: int | None = None, profile: Path | None = None
     workload = BY_KEY[key]
     profiler = _profiler() if profile else None
     cpu = _cpu_s()
-    if profiler:
+    if profiler is not None:
         profiler.start()
     if workload.config is None:
         row = _run_replay()
     else:
         row = _run_engine(capped(workload.config, max_requests))
-    if profiler and profile:
+    if profiler is not None and profile is not None:
         profiler.stop()
         profile.write_text(profiler.output_text(unicode=False, color=False))
     row["cpu_s"] = _cpu_s() - cpu
@@ -237,7 +241,7 @@ def child(key: str, max_requests: int | None = None, profile: Path | None = None
     print(json.dumps(row))
 
 
-def _profiler():
+def _profiler() -> Profiler:
     """A pyinstrument profiler, once the simulator is imported (so that its imports are not
     in the report)."""
     from pyinstrument import Profiler
