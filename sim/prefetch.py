@@ -119,9 +119,10 @@ class Prefetcher:
         for rid in islice(scheduler.waiting, self.policy.lookahead):
             if rid in kv.swapped or kv.held[rid]:
                 continue
-            hits = kv.match(rid).blocks.tolist()
-            out.append(np.asarray([b for b in hits if not where[b]], dtype=np.int64))
-            keep.extend(b for b in hits if where[b])
+            hits = kv.match(rid).blocks
+            here = where[hits]
+            out.append(hits[~here])
+            keep.extend(hits[here].tolist())
         return out, keep
 
     def _batch(self, scheduler: Scheduler, batch: Batch) -> tuple[list[np.ndarray], list[int]]:
