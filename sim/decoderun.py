@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim import steprun
 from sim.blocks import HBM
 from sim.scheduler import Batch
 
@@ -59,6 +60,9 @@ class DecodeRuns:
             and kv.heat_log is None
             and not config.engine.check
         )
+        # without prefix caching, a step at a time in plain Python (sim/steprun.py)
+        exact = self.enabled and steprun.applies(engine)
+        self.planner = steprun.StepPlanner(engine, MAX_RUN_STEPS) if exact else None
 
     def ready(self) -> bool:
         """Whether a run can start now."""
@@ -99,7 +103,14 @@ class DecodeRuns:
         e = self.engine
         kv = e.kv
         log = _RunLog(e.env.now)
-        while not log.last and log.steps < MAX_RUN_STEPS and (kind := self._next()) is not None:
+        if self.planner is not None:
+            self.planner.plan(log)
+        while (
+            self.planner is None
+            and not log.last
+            and log.steps < MAX_RUN_STEPS
+            and (kind := self._next()) is not None
+        ):
             kv.planned_s = log.now
             if kind != ADMIT and kv.prefix:
                 kv.hint_upcoming([])  # as the scheduler does each step: nobody waits
@@ -350,7 +361,7 @@ class DecodeRuns:
                     kv.register_full(ids[hashed], context[hashed] + j + 1)
             return
         total = int(counts.sum())  # nothing cached, nothing evicted: one call, same ids
-        kv.grow_each(rids[:total], nth[:total])
+        kv.grow_each(rids[:total], kv.held[rids[:total]] + nth[:total])
         log.resident += (hbm.resident - total + np.cumsum(counts)).tolist()
         log.cached += [len(hbm.evictable)] * len(counts)
 

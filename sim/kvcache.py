@@ -217,15 +217,15 @@ class KvManager:
         self.blocks[rid].extend(ids)
         self.held[rid] += k
 
-    def grow_each(self, rids: np.ndarray, nth: np.ndarray) -> None:
+    def grow_each(self, rids: np.ndarray, positions: np.ndarray) -> None:
         """One more block for each entry of ``rids``, in order: the same as :meth:`allocate`
         for each, when the home tier has the room and new blocks draw no heat (full access).
-        A request may repeat: ``nth`` counts its entries before each."""
+        A request may repeat: ``positions`` numbers each one's block in its request."""
         if len(rids) < FEW_BLOCKS or self.access.sparse or len(rids) > self.home.free_slots:
             for rid in rids.tolist():  # (a few blocks: one at a time is quicker)
                 self.allocate(rid, (int(self.held[rid]) + 1) * self.bt)
             return
-        ids = self.table.new_each(rids, self.held[rids] + nth)
+        ids = self.table.new_each(rids, positions)
         self.home.add_pinned(ids)
         for rid, b in zip(rids.tolist(), ids, strict=True):
             self.blocks[rid].append(b)

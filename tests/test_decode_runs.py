@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import decoderun
+from sim import decoderun, steprun
 from sim.config import build_config
 from sim.costmodel import CostModel, CostParams
 from sim.engine import Engine, delivery_times
@@ -90,8 +90,25 @@ CASES = {
 }
 
 
+PLANNERS = ["steps", "pieces"]  # sim/steprun.py (without prefix caching), sim/decoderun.py
+
+
+def _use(planner: str, monkeypatch) -> None:
+    """Plan runs a step at a time where that applies, or always in pieces."""
+    if planner == "pieces":
+        monkeypatch.setattr(steprun, "applies", lambda engine: False)
+
+
+@pytest.fixture
+def pieces(monkeypatch):
+    """Runs planned in pieces even without prefix caching."""
+    _use("pieces", monkeypatch)
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_decode_runs_change_nothing(name):
+def test_decode_runs_change_nothing(name, planner, monkeypatch):
+    _use(planner, monkeypatch)
     overrides, workload = CASES[name]
     taken = _same_results(make_config(*overrides, workload=workload))
     assert taken > 0  # the case exercises runs
@@ -114,13 +131,18 @@ def test_decode_runs_change_nothing_with_measured_tables(tmp_path):
     shared=st.sampled_from([0, 64]),
     block=st.sampled_from([1, 16, 32]),
     budget=st.sampled_from([256, 4096]),
+    seats=st.sampled_from([3, 64]),
+    planner=st.sampled_from(PLANNERS),
 )
-def test_decode_runs_change_nothing_anywhere(seed, rate, output, pool, swap, shared, block, budget):
+def test_decode_runs_change_nothing_anywhere(
+    seed, rate, output, pool, swap, shared, block, budget, seats, planner
+):
     config = make_config(
         f"seed={seed}",
         f"engine.kv_pool_blocks={pool * 16 // block}",
         f"engine.block_tokens={block}",
         f"engine.max_batched_tokens={budget}",
+        f"engine.max_num_seqs={seats}",
         f"engine.preemption={'swap' if swap else 'recompute'}",
         workload=synthetic(
             25,
@@ -130,7 +152,9 @@ def test_decode_runs_change_nothing_anywhere(seed, rate, output, pool, swap, sha
             shared,
         ),
     )
-    _same_results(config)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use(planner, monkeypatch)
+        _same_results(config)
 
 
 def test_one_request_alone_decodes_at_the_cost_model_times():
@@ -138,6 +162,7 @@ def test_one_request_alone_decodes_at_the_cost_model_times():
     prefill plus the cost model's decode step at each context, added up in order."""
     config = make_config(workload=synthetic(1, 1000, 200, 1.0))
     engine, result = _run(config)
+    assert engine.decode_runs.planner is not None  # a step at a time (sim/steprun.py)
     cost = engine.cost
     t = cost.prefill_time(1000)
     for context in range(1000, 1199):
@@ -201,8 +226,10 @@ def test_the_option_is_a_config_key():
     assert engine.decode_runs.steps == 0
 
 
-def test_runs_take_admissions_prefill_chunks_and_finishes():
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_runs_take_admissions_prefill_chunks_and_finishes(planner, monkeypatch):
     """Without prefix caching nothing needs the clock between steps: every step is a run's."""
+    _use(planner, monkeypatch)
     config = make_config(
         "engine.max_batched_tokens=512",
         workload=synthetic(40, {"kind": "lognormal", "mean": 900, "sigma": 0.6}, 50, 6.0),
@@ -252,7 +279,7 @@ def test_grow_each_allocates_as_one_call_each():
             kv.allocate(rid, 100)
     for rid in rids.tolist():
         one.allocate(rid, int(one.held[rid]) * one.bt + 1)
-    many.grow_each(rids, nth)
+    many.grow_each(rids, many.held[rids] + nth)
     assert one.blocks == many.blocks and (one.held == many.held).all()
     n = one.table.size
     for name in ("ref", "owner", "position", "heat", "hash", "access_count", "dirty"):
@@ -309,9 +336,11 @@ def test_delivery_times_are_when_simpy_hands_requests_over():
     assert seen != arrival  # the case exercises rounding
 
 
-def test_an_arrival_at_exactly_a_step_end_is_seen_as_without_runs():
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_an_arrival_at_exactly_a_step_end_is_seen_as_without_runs(planner, monkeypatch):
     """SimPy's event order decides whether a request delivered at a step's very end joins
     the next step; a run must leave that step to its own timeout, as the loop does."""
+    _use(planner, monkeypatch)
     config = make_config()
     off = config.model_copy(
         update={"engine": config.engine.model_copy(update={"decode_runs": False})}
@@ -353,8 +382,10 @@ def test_the_kv_manager_sees_each_step_time_as_without_runs():
     assert engine.decode_runs.steps > 0
 
 
-def test_runs_cut_at_their_step_bound_change_nothing(monkeypatch):
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_runs_cut_at_their_step_bound_change_nothing(planner, monkeypatch):
     """A run's rows wait in memory until it ends, so runs end every MAX_RUN_STEPS steps."""
+    _use(planner, monkeypatch)
     monkeypatch.setattr(decoderun, "MAX_RUN_STEPS", 7)
     overrides, workload = CASES["arrivals while others decode and prefill"]
     assert _same_results(make_config(*overrides, workload=workload)) > 0
@@ -370,7 +401,7 @@ def _noting_the_clock(kv, name: str, log: list):
     return noted
 
 
-def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(monkeypatch):
+def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(pieces, monkeypatch):
     """A request arriving during a 4,000-token prompt's 512-token chunks cannot join until
     the last, shorter chunk: the chunks before it stay in the run, one scheduled step (the
     last chunk with the newcomer's first) is priced on its own, and nothing changes."""
@@ -398,11 +429,13 @@ def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(monkeypatch)
     assert len(scheduled) == 1 and engine.decode_runs.steps > joined
 
 
-def test_an_arrival_due_as_a_run_would_start_is_left_to_simpy(monkeypatch):
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_an_arrival_due_as_a_run_would_start_is_left_to_simpy(planner, monkeypatch):
     """A step that began before a request's arrival event was scheduled ends exactly at its
     arrival: SimPy wakes the engine first, with the request not yet handed over. A run
     starting then must take no step and leave it to the loop (which schedules without the
     request), not plan from that instant again and again."""
+    _use(planner, monkeypatch)
     config = make_config("engine.max_num_seqs=2")  # the newcomers wait: the two decode
     off = config.model_copy(
         update={"engine": config.engine.model_copy(update={"decode_runs": False})}
@@ -442,10 +475,14 @@ def test_a_piece_starting_at_the_next_arrival_takes_no_step():
         assert log.last is last
 
 
-def test_a_last_chunk_of_one_token_beside_a_decoder_is_priced_as_the_loop_prices_it():
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_a_last_chunk_of_one_token_beside_a_decoder_is_priced_as_the_loop_prices_it(
+    planner, monkeypatch
+):
     """A 1,023-token prompt beside one decoder gets 511 tokens a step: 511, 511, then 1. That
     last token runs as a decode kernel with the decoder's (not a prefill chunk): runs price it
     as the loop does, so the timelines are identical."""
+    _use(planner, monkeypatch)
     config = make_config("engine.max_batched_tokens=512")
     off = config.model_copy(
         update={"engine": config.engine.model_copy(update={"decode_runs": False})}

@@ -1,0 +1,380 @@
+"""A run's steps planned one at a time in plain Python: ``hbm`` mode without prefix caching.
+
+Without prefix caching a run's state is a few integers per running request (tokens computed
+and generated, blocks held), and no block is cached or evicted: the pool's free blocks are
+a count. A step is then the scheduler's rule on those integers (the running requests'
+tokens in order while the budget lasts, then admissions FCFS), and its price is the cost
+model's roofline on integer sums: every term of the roofline's attention sums is an
+integer (or half of one) below 2**52 times integer byte and FLOP counts, so a sum in any
+order is exact, and the plain-float formulas below give the very floats
+:meth:`CostModel.step` gives. Decode steps between two events (an arrival, a finish, a
+block shortage) are a tight loop of a few integer updates each; block allocations wait in
+a list and are made in one call (:meth:`KvManager.grow_each`) before any block is freed,
+in the order the scheduler makes them, so the block ids are the same too.
+
+Equal to ``engine.decode_runs: false`` (tests/test_decode_runs.py). Where the sums could be
+inexact or the cost model is not the vectorised roofline, :func:`applies` is False and the
+piece planner (:mod:`sim.decoderun`) plans the run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.blocks import HBM
+from sim.scheduler import FINISHED, RUNNING
+
+if TYPE_CHECKING:
+    from sim.decoderun import _RunLog
+    from sim.engine import Engine
+
+EXACT = 2.0**52  # integer and half-integer float sums below this are exact
+NO_HITS = [0, 0, 0]
+
+
+def applies(engine: Engine) -> bool:
+    """Whether a run of ``engine`` can be planned a step at a time here, exactly."""
+    kv, cost, s = engine.kv, engine.cost, engine.scheduler
+    if kv.prefix or not cost._vectorised():
+        return False
+    kv_bytes = float(cost.kv_bytes_per_token_layer) * cost.model.layers
+    flops = float(cost.attention_flops_per_pair) * cost.model.layers
+    if not (kv_bytes.is_integer() and flops.is_integer()):
+        return False
+    seqs, budget = engine.config.engine.max_num_seqs, engine.config.engine.max_batched_tokens
+    longest = float(s.max_len + budget)  # a sequence's context and new tokens, at most
+    return seqs * longest * max(kv_bytes, flops) < EXACT and budget * longest * flops < EXACT
+
+
+class StepPlanner:
+    """Plans a run's steps into a :class:`_RunLog` until one needs the clock."""
+
+    def __init__(self, engine: Engine, limit: int):
+        self.e, self.limit = engine, limit
+        cost, params, model = engine.cost, engine.cost.params, engine.cost.model
+        self.bt = engine.config.engine.block_tokens
+        self.budget = engine.config.engine.max_batched_tokens
+        self.seats = engine.config.engine.max_num_seqs
+        self.chunked = engine.config.engine.chunked_prefill
+        self.kv_bytes = cost.kv_bytes_per_token_layer
+        self.flops = cost.attention_flops_per_pair
+        self.layers = model.layers
+        self.bandwidth, self.peak = params.memory_bandwidth, params.attention_flops
+        self.latency = model.layers * params.attention_latency_s
+        self.reads_bound = cost.decode_reads_bound
+        self.overhead = cost._overhead()
+
+    # --- the run --------------------------------------------------------------------------
+
+    def plan(self, log: _RunLog) -> None:
+        """Take steps into ``log`` until the run must end (``log.last``), nothing runs, a step
+        needs the normal loop (a preemption, a swapped request waiting) or the log is full."""
+        e = self.e
+        s, kv = e.scheduler, e.kv
+        hbm = kv.tiers[HBM]
+        if hbm.evictable:  # (nothing is cached without prefix caching; be sure)
+            return
+        ids = s.running
+        self.ids: list[int] = ids.tolist()
+        self.computed: list[int] = s.computed[ids].tolist()
+        self.generated: list[int] = s.generated[ids].tolist()
+        self.prompt: list[int] = s.prompt[ids].tolist()
+        self.output: list[int] = s.output[ids].tolist()
+        self.held: list[int] = kv.held[ids].tolist()
+        self.available, self.resident = kv.available, hbm.resident
+        # blocks to allocate, in order: (request, its first new block's number, how many)
+        self.pending: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.arrival = e.next_arrival_s
+        if self.arrival <= log.now:  # delivered now, after or before this: SimPy's order decides
+            log.last = True
+        while self.ids and not log.last and log.steps < self.limit:
+            if not (self._decodes(log) or self._step(log)):
+                break
+        self._flush()
+        s.running = np.array(self.ids, dtype=np.int64)
+        s.computed[s.running] = self.computed
+        s.generated[s.running] = self.generated
+
+    def _grow(self, rid: int, first: int, count: int) -> None:
+        """``rid`` needs ``count`` more blocks, numbered from ``first`` (allocated later)."""
+        rids, firsts, counts = self.pending
+        rids.append(rid)
+        firsts.append(first)
+        counts.append(count)
+        self.available -= count
+        self.resident += count
+
+    def _flush(self) -> None:
+        """Allocate the pending blocks, in order (as the scheduler's calls would)."""
+        rids, firsts, counts = self.pending
+        if not rids:
+            return
+        n = np.array(counts, dtype=np.int64)
+        starts = np.cumsum(n) - n
+        offsets = np.arange(int(starts[-1] + n[-1]), dtype=np.int64) - np.repeat(starts, n)
+        positions = np.repeat(np.array(firsts, dtype=np.int64), n) + offsets
+        self.e.kv.grow_each(np.repeat(np.array(rids, dtype=np.int64), n), positions)
+        self.pending = ([], [], [])
+
+    # --- one step by the scheduler's rule -------------------------------------------------------
+
+    def _step(self, log: _RunLog) -> bool:
+        """One step as :meth:`Scheduler.schedule` and :meth:`Scheduler.complete` take it;
+        False (nothing changed) if it preempts or would admit a swapped-out request."""
+        e, bt = self.e, self.bt
+        s, kv = e.scheduler, e.kv
+        if s.waiting and kv.swapped:
+            return False
+        computed, held = self.computed, self.held
+        remaining = [
+            p + g - c for p, g, c in zip(self.prompt, self.generated, computed, strict=True)
+        ]
+        if sum(remaining) <= self.budget:  # everyone gets all it needs
+            tokens = remaining
+        else:
+            tokens, left = [], self.budget
+            for r in remaining:
+                tokens.append(min(max(left, 0), r))
+                left -= r
+        grow = [-(-(c + n) // bt) - h for c, n, h in zip(computed, tokens, held, strict=True)]
+        if sum(g for g in grow if g > 0) > self.available:
+            return False  # the normal loop preempts
+        for i, g in enumerate(grow):
+            if g > 0:
+                self._grow(self.ids[i], held[i], g)
+                held[i] += g
+        self._admit(log.now, self.budget - sum(tokens), tokens)
+        self._finish_step(log, tokens)
+        return True
+
+    def _admit(self, now: float, budget: int, tokens: list[int]) -> None:
+        """Admit waiting requests FCFS (:meth:`Scheduler._admit_waiting` without prefix
+        caching: each holds nothing and starts at its first token); ``tokens`` gets theirs."""
+        s, bt = self.e.scheduler, self.bt
+        seats = self.seats - len(self.ids)
+        while s.waiting and budget > 0 and seats > 0:
+            rid = s.waiting[0]
+            total = int(s.prompt[rid] + s.generated[rid])
+            n = min(total, budget)
+            blocks = -(-n // bt)
+            if (not self.chunked and total > budget) or blocks > self.available:
+                s._blocked = (rid, budget, self.available)
+                return
+            s.waiting.popleft()
+            s.computed[rid] = 0
+            s.status[rid] = RUNNING
+            if np.isnan(s.scheduled_s[rid]):
+                s.scheduled_s[rid] = now
+            self._grow(rid, 0, blocks)
+            self.ids.append(rid)
+            self.computed.append(0)
+            self.generated.append(int(s.generated[rid]))
+            self.prompt.append(int(s.prompt[rid]))
+            self.output.append(int(s.output[rid]))
+            self.held.append(blocks)
+            tokens.append(n)
+            budget -= n
+            seats -= 1
+
+    def attention(self, tokens: list[int], context: list[int]) -> float:
+        """Attention seconds of a step giving ``tokens`` to sequences holding ``context``
+        tokens (those given none are left out), as :meth:`CostModel.attention_time` gives."""
+        pairs, attended, spans, decodes = 0.0, 0, 0, 0
+        for n, c in zip(tokens, context, strict=True):
+            if n == 1:
+                spans += c + 1
+                decodes += 1
+            elif n:
+                pairs += n * (c + (n + 1.0) / 2.0)
+                attended += c + n
+        attention = 0.0
+        if attended:
+            flops = pairs * self.flops * self.layers / self.peak
+            attention += max(flops, attended * self.kv_bytes * self.layers / self.bandwidth)
+            attention += self.latency
+        if decodes:
+            attention += self._decode_kernel(spans)
+            attention += self.latency
+        return attention
+
+    def _finish_step(self, log: _RunLog, tokens: list[int]) -> None:
+        """Price the step of ``tokens`` per running request, wait for it, complete it."""
+        e, bt = self.e, self.bt
+        computed, generated, prompt = self.computed, self.generated, self.prompt
+        total = sum(tokens)
+        known = [p + g for p, g in zip(prompt, generated, strict=True)]  # sampling once computed
+        sampled = sum(
+            1 for n, c, k in zip(tokens, computed, known, strict=True) if n and c + n == k
+        )
+        prefill = total - sum(
+            1 for n, c, p in zip(tokens, computed, prompt, strict=True) if n == 1 and c >= p
+        )
+        linear = e.cost.linear_time(total, sampled)
+        attention = self.attention(tokens, computed)
+        compute = linear + attention + self.overhead
+        end = log.now + compute
+        log.compute.append(compute)
+        log.batch.append(len(tokens) - tokens.count(0))
+        log.tokens.append(total)
+        log.prefill.append(prefill)
+        log.sampled.append(sampled)
+        log.linear.append(linear)
+        log.attention.append(attention)
+        log.overhead.append(self.overhead)
+        log.activations.append(e.cost.activation_bytes(total, sampled))
+        log.reads.append(sum(-(-c // bt) for n, c in zip(tokens, computed, strict=True) if n))
+        log.hits.append(NO_HITS)
+        self._arrive(log, end)
+        done = []
+        for i, n in enumerate(tokens):
+            if n and computed[i] + n == known[i]:
+                if generated[i] == 0:
+                    e.scheduler.first_token_s[self.ids[i]] = end
+                generated[i] += 1
+                if generated[i] >= self.output[i]:
+                    done.append(i)
+            computed[i] += n
+        self._release(done, end)
+        log.running.append(len(self.ids))
+        log.resident.append(self.resident)
+        log.cached.append(0)
+
+    def _decode_kernel(self, spans: int) -> float:
+        """The decode kernel's time over sequences attending ``spans`` tokens in all."""
+        reads = spans * self.kv_bytes * self.layers / self.bandwidth
+        if self.reads_bound:
+            return reads
+        return max(spans * self.flops * self.layers / self.peak, reads)
+
+    def _arrive(self, log: _RunLog, end: float) -> None:
+        """A step ends at ``end``: hand over the requests delivered during it."""
+        log.ends.append(end)
+        e = self.e
+        if end > self.arrival:
+            log.delivered += e.deliver_before(end)
+            self.arrival = e.next_arrival_s
+        if end == self.arrival:  # SimPy's event order decides: the run's last step
+            log.last = log.tied = True
+        log.waiting.append(len(e.scheduler.waiting))
+
+    def _release(self, done: list[int], end: float) -> None:
+        """The requests at ``done`` (indices, in batch order) finished at ``end``."""
+        if not done:
+            return
+        e = self.e
+        s, kv = e.scheduler, e.kv
+        self._flush()
+        kv.planned_s = end
+        for i in done:
+            rid = self.ids[i]
+            s.finish_s[rid] = end
+            s.status[rid] = FINISHED
+            s.computed[rid] = self.computed[i]
+            s.generated[rid] = self.generated[i]
+            kv.release(rid)
+            self.available += self.held[i]
+            self.resident -= self.held[i]
+        gone = set(done)
+        kept = [i for i in range(len(self.ids)) if i not in gone]
+        for name in ("ids", "computed", "generated", "prompt", "output", "held"):
+            column = getattr(self, name)
+            setattr(self, name, [column[i] for i in kept])
+
+    # --- decode steps -------------------------------------------------------------------------
+
+    def _decodes(self, log: _RunLog) -> bool:
+        """Decode steps while every running request decodes and nobody can join: up to the
+        next finish, arrival or block shortage. False if the next step is not one."""
+        e, bt, n = self.e, self.bt, len(self.ids)
+        computed, generated, held, output = self.computed, self.generated, self.held, self.output
+        if n > self.budget or not all(
+            g and p + g - c == 1 for c, g, p in zip(computed, generated, self.prompt, strict=True)
+        ):
+            return False
+        due: list[list[int]] = [[] for _ in range(bt)]  # who starts a block, by step mod bt
+        for i in range(n):
+            due[held[i] * bt - computed[i]].append(i)
+        if len(due[0]) > self.available:
+            return False  # the normal loop preempts
+        head = self._head_refused(len(due[0]))
+        if head is None:
+            return False
+        finish = min(o - g for o, g in zip(output, generated, strict=True))
+        steps = min(finish, self.limit - log.steps)
+        taken = self._decode_steps(log, due, steps)
+        for i in range(n):
+            computed[i] += taken
+            generated[i] += taken
+            held[i] = -(-computed[i] // bt)
+        linear, activations = e.cost.linear_time(n, n), e.cost.activation_bytes(n, n)
+        for column, value in (
+            (log.batch, n), (log.tokens, n), (log.prefill, 0), (log.sampled, n),
+            (log.linear, linear), (log.overhead, self.overhead), (log.activations, activations),
+            (log.hits, NO_HITS), (log.running, n), (log.cached, 0),
+        ):  # fmt: skip
+            column += [value] * taken
+        if head >= 0:
+            e.scheduler._blocked = (head, self.budget - n, self.available)
+        if taken == finish:
+            done = [i for i in range(n) if generated[i] >= output[i]]
+            self._release(done, log.now)
+            log.running[-1] = len(self.ids)
+            log.resident[-1] = self.resident
+        return True
+
+    def _decode_steps(self, log: _RunLog, due: list[list[int]], steps: int) -> int:
+        """Up to ``steps`` decode steps of the running requests (those at ``due[j % bt]``
+        start a block in step ``j``): fewer if a request arrives (the step it arrives in is
+        the last) or the pool runs short (the run ends before that step). Logs the columns
+        that change; how many steps."""
+        bt, n, ids, held, grow = self.bt, len(self.ids), self.ids, self.held, self._grow
+        spans, reads = sum(self.computed) + n, sum(self.held)
+        linear, overhead, latency = self.e.cost.linear_time(n, n), self.overhead, self.latency
+        ends, compute_at, attention_at = log.ends, log.compute.append, log.attention.append
+        reads_at, resident_at = log.reads.append, log.resident.append
+        now, taken, arrived = log.now, 0, False
+        while taken < steps:
+            new = due[taken % bt]
+            if len(new) > self.available:
+                log.last = True  # the normal loop preempts
+                break
+            for i in new:
+                grow(ids[i], held[i] + taken // bt, 1)
+            attention = self._decode_kernel(spans) + latency
+            compute = linear + attention + overhead
+            now = now + compute
+            compute_at(compute)
+            attention_at(attention)
+            reads_at(reads)
+            resident_at(self.resident)
+            reads += len(new)
+            spans += n
+            taken += 1
+            if now >= self.arrival:
+                arrived = True
+                break
+            ends.append(now)
+        waiting = len(self.e.scheduler.waiting)
+        log.waiting += [waiting] * (taken - arrived)
+        if arrived:
+            self._arrive(log, now)
+        return taken
+
+    def _head_refused(self, first: int) -> int | None:
+        """Whether nobody can join the decode steps ahead (the first of which allocates
+        ``first`` blocks): -1 if none is asked (no one waits, no seat or budget is left), the
+        queue head if it is refused (as it stays while blocks only go), None if it may join."""
+        s, kv = self.e.scheduler, self.e.kv
+        budget = self.budget - len(self.ids)
+        if not s.waiting or budget <= 0 or len(self.ids) >= self.seats:
+            return -1
+        rid = s.waiting[0]
+        if rid in kv.swapped:
+            return None
+        total = int(s.prompt[rid] + s.generated[rid])
+        blocks = -(-min(total, budget) // self.bt)
+        if (not self.chunked and total > budget) or blocks > self.available - first:
+            return rid
+        return None

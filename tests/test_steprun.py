@@ -1,0 +1,91 @@
+"""The step planner (sim/steprun.py): where it plans runs, and its prices are the cost model's.
+
+That its runs change nothing is tests/test_decode_runs.py's (every case with both planners).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import steprun
+from sim.config import build_config
+from sim.costmodel import CostModel
+from sim.engine import Engine
+from sim.workload import build_requests
+from tests.conftest import make_config, synthetic
+from tests.test_costtable import TINY, run_config, tiny_table
+
+
+def _engine(config) -> Engine:
+    return Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
+
+
+def test_runs_without_prefix_caching_are_planned_a_step_at_a_time():
+    engine = _engine(make_config(workload=synthetic(20, 300, 50, 5.0)))
+    assert steprun.applies(engine) and engine.decode_runs.planner is not None
+    result = engine.run()
+    assert engine.decode_runs.steps > len(result.timeline) // 2
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["prefix caching", "measured tables", "sliding window", "inexact byte count", "no runs"],
+)
+def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
+    """Prefix caching (cached blocks, evictions), a cost model other than the vectorised
+    roofline, or a per-token KV size that is not a whole number of bytes (float sums whose
+    order matters) leave the runs to sim/decoderun.py's pieces."""
+    if why == "measured tables":
+        hardware = {
+            "profile": "cpu-host",
+            "cost_model": "table",
+            "cost_table": tiny_table(tmp_path),
+        }
+        config = build_config(run_config(TINY, hardware, num_requests=5, output_tokens=10), "<t>")
+    elif why == "prefix caching":
+        config = make_config(workload=synthetic(20, 300, 50, 5.0, shared=64))
+    elif why == "no runs":
+        config = make_config("engine.decode_runs=false", workload=synthetic(5, 100, 10))
+    else:
+        config = make_config(workload=synthetic(5, 100, 10))
+    engine = _engine(config)
+    if why == "sliding window":
+        model = engine.cost.model.model_copy(update={"sliding_window": 256})
+        engine.cost = CostModel(model, engine.cost.params)
+    elif why == "inexact byte count":
+        engine.cost.kv_bytes_per_token_layer = 4096.3
+    if why != "no runs":
+        assert not steprun.applies(engine)
+    if why in ("measured tables", "prefix caching", "no runs"):  # as the engine builds it
+        assert engine.decode_runs.planner is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.lists(
+        st.tuples(st.sampled_from([0, 1, 1, 1, 2, 7, 300, 512]), st.integers(0, 20_000)),
+        min_size=1,
+        max_size=40,
+    ),
+    efficiency=st.sampled_from([0.25, 1e-4]),  # reads-bound, FLOPs-bound decodes
+    latency=st.sampled_from([0.0, 3e-6]),
+)
+def test_a_steps_attention_is_the_cost_models_to_the_bit(batch, efficiency, latency):
+    """:meth:`StepPlanner.attention` on plain ints against :meth:`CostModel.attention_time`
+    on the batch's arrays (sequences given no tokens left out, as the scheduler's batch)."""
+    engine = _engine(make_config(workload=synthetic(1, 10, 2)))
+    params = dataclasses.replace(
+        engine.cost.params, attention_efficiency=efficiency, attention_latency_s=latency
+    )
+    engine.cost = cost = CostModel(engine.cost.model, params)
+    planner = steprun.StepPlanner(engine, limit=1)
+    tokens, context = [n for n, _ in batch], [c for _, c in batch]
+    new, ctx = np.array(tokens), np.array(context)
+    active = new > 0
+    expected = cost.attention_time(new[active], ctx[active]) if active.any() else 0.0
+    assert planner.attention(tokens, context) == expected
