@@ -19,7 +19,7 @@ piece planner (:mod:`sim.decoderun`) plans the run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 
 EXACT = 2.0**52  # integer and half-integer float sums below this are exact
 NO_HITS = [0, 0, 0]
+
+
+class Tally(NamedTuple):
+    """What a step computes: its tokens, sequences sampling, prefill tokens, blocks read
+    and attention seconds."""
+
+    tokens: int
+    sampled: int
+    prefill: int
+    reads: int
+    attention: float
 
 
 def applies(engine: Engine) -> bool:
@@ -86,6 +97,10 @@ class StepPlanner:
         self.available, self.resident = kv.available, hbm.resident
         # blocks to allocate, in order: (request, its first new block's number, how many)
         self.pending: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.decoding = all(  # every running request decodes
+            g and p + g - c == 1
+            for c, g, p in zip(self.computed, self.generated, self.prompt, strict=True)
+        )
         self.arrival = e.next_arrival_s
         if self.arrival <= log.now:  # delivered now, after or before this: SimPy's order decides
             log.last = True
@@ -178,18 +193,27 @@ class StepPlanner:
             budget -= n
             seats -= 1
 
-    def attention(self, tokens: list[int], context: list[int]) -> float:
-        """Attention seconds of a step giving ``tokens`` to sequences holding ``context``
-        tokens (those given none are left out), as :meth:`CostModel.attention_time` gives."""
-        pairs, attended, spans, decodes = 0.0, 0, 0, 0
-        for n, c in zip(tokens, context, strict=True):
+    def tally(
+        self, tokens: list[int], computed: list[int], prompt: list[int], generated: list[int]
+    ) -> Tally:
+        """A step giving ``tokens`` to sequences of ``prompt`` and ``generated`` tokens that
+        hold ``computed`` (those given none are left out, as from the scheduler's batch)."""
+        bt = self.bt
+        pairs, attended, spans, decodes, sampled, prefill, reads = 0.0, 0, 0, 0, 0, 0, 0
+        for n, c, p, g in zip(tokens, computed, prompt, generated, strict=True):
+            if not n:
+                continue
+            reads += -(-c // bt)
+            sampled += c + n == p + g
             if n == 1:
                 spans += c + 1
                 decodes += 1
-            elif n:
+                prefill += c < p  # a prompt's last token
+            else:
                 pairs += n * (c + (n + 1.0) / 2.0)
                 attended += c + n
-        attention = 0.0
+                prefill += n
+        attention = 0.0  # as CostModel.attention_time adds its terms
         if attended:
             flops = pairs * self.flops * self.layers / self.peak
             attention += max(flops, attended * self.kv_bytes * self.layers / self.bandwidth)
@@ -197,22 +221,14 @@ class StepPlanner:
         if decodes:
             attention += self._decode_kernel(spans)
             attention += self.latency
-        return attention
+        return Tally(sum(tokens), sampled, prefill, reads, attention)
 
     def _finish_step(self, log: _RunLog, tokens: list[int]) -> None:
         """Price the step of ``tokens`` per running request, wait for it, complete it."""
-        e, bt = self.e, self.bt
+        e = self.e
         computed, generated, prompt = self.computed, self.generated, self.prompt
-        total = sum(tokens)
-        known = [p + g for p, g in zip(prompt, generated, strict=True)]  # sampling once computed
-        sampled = sum(
-            1 for n, c, k in zip(tokens, computed, known, strict=True) if n and c + n == k
-        )
-        prefill = total - sum(
-            1 for n, c, p in zip(tokens, computed, prompt, strict=True) if n == 1 and c >= p
-        )
+        total, sampled, prefill, reads, attention = self.tally(tokens, computed, prompt, generated)
         linear = e.cost.linear_time(total, sampled)
-        attention = self.attention(tokens, computed)
         compute = linear + attention + self.overhead
         end = log.now + compute
         log.compute.append(compute)
@@ -224,18 +240,22 @@ class StepPlanner:
         log.attention.append(attention)
         log.overhead.append(self.overhead)
         log.activations.append(e.cost.activation_bytes(total, sampled))
-        log.reads.append(sum(-(-c // bt) for n, c in zip(tokens, computed, strict=True) if n))
+        log.reads.append(reads)
         log.hits.append(NO_HITS)
         self._arrive(log, end)
-        done = []
+        done, decoding = [], True
         for i, n in enumerate(tokens):
-            if n and computed[i] + n == known[i]:
-                if generated[i] == 0:
+            c, g, p = computed[i] + n, generated[i], prompt[i]
+            computed[i] = c
+            if n and c == p + g:  # it samples
+                if g == 0:
                     e.scheduler.first_token_s[self.ids[i]] = end
-                generated[i] += 1
-                if generated[i] >= self.output[i]:
+                generated[i] = g = g + 1
+                if g >= self.output[i]:
                     done.append(i)
-            computed[i] += n
+                    continue
+            decoding = decoding and g > 0 and p + g - c == 1
+        self.decoding = decoding
         self._release(done, end)
         log.running.append(len(self.ids))
         log.resident.append(self.resident)
@@ -289,9 +309,7 @@ class StepPlanner:
         next finish, arrival or block shortage. False if the next step is not one."""
         e, bt, n = self.e, self.bt, len(self.ids)
         computed, generated, held, output = self.computed, self.generated, self.held, self.output
-        if n > self.budget or not all(
-            g and p + g - c == 1 for c, g, p in zip(computed, generated, self.prompt, strict=True)
-        ):
+        if n > self.budget or not self.decoding:
             return False
         due: list[list[int]] = [[] for _ in range(bt)]  # who starts a block, by step mod bt
         for i in range(n):

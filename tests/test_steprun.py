@@ -65,27 +65,38 @@ def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
         assert engine.decode_runs.planner is None
 
 
+@st.composite
+def _sequences(draw) -> tuple[int, int, int, int]:
+    """A running sequence (tokens this step, computed, prompt, generated), as the scheduler
+    keeps them: it never computes past its known tokens."""
+    prompt, generated = draw(st.integers(1, 20_000)), draw(st.integers(0, 300))
+    computed = draw(st.integers(0, prompt + generated - 1))
+    tokens = draw(st.sampled_from([0, 1, 1, 1, 2, 7, 300, 512]))
+    return min(tokens, prompt + generated - computed), computed, prompt, generated
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    batch=st.lists(
-        st.tuples(st.sampled_from([0, 1, 1, 1, 2, 7, 300, 512]), st.integers(0, 20_000)),
-        min_size=1,
-        max_size=40,
-    ),
+    batch=st.lists(_sequences(), min_size=1, max_size=40),
     efficiency=st.sampled_from([0.25, 1e-4]),  # reads-bound, FLOPs-bound decodes
     latency=st.sampled_from([0.0, 3e-6]),
 )
-def test_a_steps_attention_is_the_cost_models_to_the_bit(batch, efficiency, latency):
-    """:meth:`StepPlanner.attention` on plain ints against :meth:`CostModel.attention_time`
-    on the batch's arrays (sequences given no tokens left out, as the scheduler's batch)."""
+def test_a_steps_tally_is_the_batch_and_cost_models_to_the_bit(batch, efficiency, latency):
+    """:meth:`StepPlanner.tally` on plain ints against the scheduler's batch arrays as the
+    normal loop reads them (engine._record) and :meth:`CostModel.attention_time`."""
     engine = _engine(make_config(workload=synthetic(1, 10, 2)))
     params = dataclasses.replace(
         engine.cost.params, attention_efficiency=efficiency, attention_latency_s=latency
     )
     engine.cost = cost = CostModel(engine.cost.model, params)
     planner = steprun.StepPlanner(engine, limit=1)
-    tokens, context = [n for n, _ in batch], [c for _, c in batch]
-    new, ctx = np.array(tokens), np.array(context)
+    tokens, computed, prompt, generated = (list(column) for column in zip(*batch, strict=True))
+    got = planner.tally(tokens, computed, prompt, generated)
+    new, ctx, known = np.array(tokens), np.array(computed), np.array(prompt) + generated
     active = new > 0
-    expected = cost.attention_time(new[active], ctx[active]) if active.any() else 0.0
-    assert planner.attention(tokens, context) == expected
+    new, ctx, known, first = new[active], ctx[active], known[active], np.array(prompt)[active]
+    decodes = int(((new == 1) & (ctx >= first)).sum())
+    assert got.tokens == new.sum() and got.prefill == new.sum() - decodes
+    assert got.sampled == (ctx + new == known).sum()
+    assert got.reads == (-(-ctx // 16)).sum()
+    assert got.attention == (cost.attention_time(new, ctx) if active.any() else 0.0)
