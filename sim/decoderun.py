@@ -14,6 +14,10 @@ one SimPy timeout for all of them and writes their timeline rows at once. Its st
 - admissions: the scheduler's own :meth:`Scheduler.schedule` (in ``hbm`` mode a cached
   prefix is in HBM: admitting reads no other tier).
 
+Without prefix caching (and with the roofline cost model) a run is planned a step at a
+time instead, by :class:`sim.steprun.StepPlanner`: no block is cached then, so a step is a
+few integer updates, cheaper than a piece's numpy calls on arrays of a few dozen elements.
+
 While a run plans a step, the KV manager's clock (:attr:`KvManager.now`) reads that step's
 time, as SimPy's would: blocks cached or evicted then are stamped as in the normal loop.
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import decoderun, steprun
@@ -21,6 +21,7 @@ from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import make_config, synthetic
 from tests.test_costtable import TINY, run_config, tiny_table
+from tests.test_fuzz import budget
 
 
 def _run(config):
@@ -121,7 +122,7 @@ def test_decode_runs_change_nothing_with_measured_tables(tmp_path):
     assert _same_results(config) > 0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(25)  # $KVSIM_FUZZ_EXAMPLES searches longer (tests/test_fuzz.py)
 @given(
     seed=st.integers(0, 10_000),
     rate=st.floats(1.0, 200.0),
