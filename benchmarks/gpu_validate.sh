@@ -10,6 +10,7 @@
 # benchmarks/validation/h200):
 #   h200-measured.yaml                 the calibrated profile (copy to hardware_profiles/calibrated/)
 #   h200-measured.measurements.csv     raw measurements (also a cost_table for cost_model: table)
+#   h200-measured.fit.json             the fits' residuals, machine-readable
 #   h200-report/                       report.json, steps.csv, steps.png, summary.md
 #   nvidia-smi.txt, versions.txt, timings.txt, *.log
 # Budget: full calibration 270 s (if it runs out, a --quick calibration, 75 s, replaces it and

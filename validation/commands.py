@@ -43,7 +43,7 @@ def _calibrate_device(args: argparse.Namespace) -> int:
         f"  GEMM: efficiency {g.efficiency:.3f}, memory {g.memory:.3f}, latency {g.latency_s:.2e} s"
     )
     print(f"  attention latency {att.latency_s:.2e} s; step overhead {fit.step_overhead_s:.2e} s")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} (fit residuals: {args.out.with_suffix('.fit.json')})")
     return 0
 
 

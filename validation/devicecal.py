@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +173,33 @@ def header(fit: DeviceFit, device: str, quick: bool, raw: Path, rows: int) -> li
     ]
 
 
+def fit_summary(fit: DeviceFit, device: str, quick: bool, raw: Path, rows: int) -> dict:
+    """The calibration's provenance and residuals, machine-readable (``OUT.fit.json``)."""
+
+    def residual(res: Residual | None) -> dict | None:
+        return dataclasses.asdict(res) if res is not None else None
+
+    return {
+        "device": device,
+        "device_name": device_name(device),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "quick": quick,
+        "measurements": str(raw),
+        "points": rows,
+        "peak_flops": fit.peak_flops,
+        "peak_bandwidth": fit.peak_bandwidth,
+        "step_overhead_s": fit.step_overhead_s,
+        "residuals": {
+            "gemm": residual(fit.ops.gemm.residual),
+            "attention": residual(fit.attention.residual),
+            "link": residual(fit.link.residual),
+            "step": residual(fit.step_residual),
+        },
+    }
+
+
 def notes(fit: DeviceFit) -> dict[str, str]:
     """Comments of the fitted efficiency keys."""
     att = fit.attention
@@ -187,7 +215,8 @@ def calibrate_device(
     device: str, out: str | Path, quick: bool, raw: str | Path | None = None,
     base: str | None = None,
 ) -> tuple[HardwareSpec, DeviceFit]:  # fmt: skip
-    """Measure, fit and write a calibrated profile for ``device``."""
+    """Measure, fit and write a calibrated profile for ``device`` (and beside it the raw
+    measurements, ``raw`` or ``OUT.measurements.csv``, and the fit's summary, ``OUT.fit.json``)."""
     out = Path(out)
     raw = Path(raw) if raw else out.with_suffix(".measurements.csv")
     pin_threads(device)
@@ -233,4 +262,6 @@ def calibrate_device(
     }
     for key, value in link.items():
         text = set_value(text, "link", key, value, f"{measured}: copies between pools")
+    summary = fit_summary(fit, device, quick, raw, len(table))
+    out.with_suffix(".fit.json").write_text(json.dumps(summary, indent=2) + "\n")
     return write_profile(out, text), fit
