@@ -5,12 +5,12 @@ and generated, blocks held), and no block is cached or evicted: the pool's free 
 a count. A step is then the scheduler's rule on those integers (the running requests'
 tokens in order while the budget lasts, then admissions FCFS), and its price is the cost
 model's roofline on integer sums: every term of the roofline's attention sums is an
-integer (or half of one) below 2**52 times integer byte and FLOP counts, so a sum in any
-order is exact, and the plain-float formulas below give the very floats
-:meth:`CostModel.step` gives. Decode steps between two events (an arrival, a finish, a
-block shortage) are a tight loop of a few integer updates each; block allocations wait in
-a list and are made in one call (:meth:`KvManager.grow_each`) before any block is freed,
-in the order the scheduler makes them, so the block ids are the same too.
+integer below 2**53 (:func:`applies`), so a sum in any order is exact, and the plain-float
+formulas below give the very floats :meth:`CostModel.step` gives. Decode steps between two
+events (an arrival, a finish, a block shortage) are a tight loop of a few integer updates
+each; block allocations wait in a list and are made in one call
+(:meth:`KvManager.grow_each`) before any block is freed, in the order the scheduler makes
+them, so the block ids are the same too.
 
 Equal to ``engine.decode_runs: false`` (tests/test_decode_runs.py). Where the sums could be
 inexact or the cost model is not the vectorised roofline, :func:`applies` is False and the
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sim.decoderun import _RunLog
     from sim.engine import Engine
 
-EXACT = 2.0**52  # integer and half-integer float sums below this are exact
+EXACT = 2.0**53  # integer float sums below this are exact
 NO_HITS = [0, 0, 0]
 
 
@@ -46,17 +46,24 @@ class Tally(NamedTuple):
 
 
 def applies(engine: Engine) -> bool:
-    """Whether a run of ``engine`` can be planned a step at a time here, exactly."""
-    kv, cost, s = engine.kv, engine.cost, engine.scheduler
+    """Whether a run of ``engine`` can be planned a step at a time here, exactly.
+
+    The roofline's attention sums (numpy's, pairwise) are sums of terms ``tokens * bytes *
+    layers`` and ``pairs * flops * layers``: with whole KV bytes per token and an even FLOP
+    count per pair (``pairs`` are halves), every term and partial sum is an integer, exact
+    below 2**53 whatever the order. The bounds: the running sequences' contexts fit in the
+    pool, and a step's prefill tokens in the budget.
+    """
+    kv, cost, config = engine.kv, engine.cost, engine.config.engine
     if kv.prefix or not cost._vectorised():
         return False
-    kv_bytes = float(cost.kv_bytes_per_token_layer) * cost.model.layers
-    flops = float(cost.attention_flops_per_pair) * cost.model.layers
-    if not (kv_bytes.is_integer() and flops.is_integer()):
+    kv_bytes, flops = float(cost.kv_bytes_per_token_layer), float(cost.attention_flops_per_pair)
+    if not (kv_bytes.is_integer() and (flops / 2).is_integer()):
         return False
-    seqs, budget = engine.config.engine.max_num_seqs, engine.config.engine.max_batched_tokens
-    longest = float(s.max_len + budget)  # a sequence's context and new tokens, at most
-    return seqs * longest * max(kv_bytes, flops) < EXACT and budget * longest * flops < EXACT
+    pool = float(kv.home.capacity * config.block_tokens + config.max_batched_tokens)
+    spans = (pool + config.max_num_seqs) * max(kv_bytes, flops) * cost.model.layers
+    pairs = config.max_batched_tokens * pool * flops * cost.model.layers
+    return max(spans, pairs) < EXACT
 
 
 class StepPlanner:

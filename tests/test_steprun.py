@@ -25,8 +25,18 @@ def _engine(config) -> Engine:
     return Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
 
 
-def test_runs_without_prefix_caching_are_planned_a_step_at_a_time():
-    engine = _engine(make_config(workload=synthetic(20, 300, 50, 5.0)))
+@pytest.mark.parametrize(
+    ("model", "hardware"),
+    [("llama-3-8b", "h100-sxm"), ("llama-2-7b", "h100-sxm"), ("qwen2.5-7b", "h200-sxm"),
+     ("mixtral-8x7b", "h200-sxm"), ("llama-3-70b", "mi300x")],
+)  # fmt: skip
+def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardware):
+    """The bundled models' sums stay exact on their GPUs' pools (the largest: 4 KV heads
+    on 141 GB), so their runs are planned here."""
+    config = make_config(
+        f"model={model}", f"hardware={hardware}", workload=synthetic(20, 300, 50, 5.0)
+    )
+    engine = _engine(config)
     assert steprun.applies(engine) and engine.decode_runs.planner is not None
     result = engine.run()
     assert engine.decode_runs.steps > len(result.timeline) // 2
@@ -34,7 +44,15 @@ def test_runs_without_prefix_caching_are_planned_a_step_at_a_time():
 
 @pytest.mark.parametrize(
     "why",
-    ["prefix caching", "measured tables", "sliding window", "inexact byte count", "no runs"],
+    [
+        "prefix caching",
+        "measured tables",
+        "sliding window",
+        "inexact byte count",
+        "odd FLOP count",
+        "sums past 2**53",
+        "no runs",
+    ],
 )
 def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
     """Prefix caching (cached blocks, evictions), a cost model other than the vectorised
@@ -59,6 +77,10 @@ def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
         engine.cost = CostModel(model, engine.cost.params)
     elif why == "inexact byte count":
         engine.cost.kv_bytes_per_token_layer = 4096.3
+    elif why == "odd FLOP count":  # a half-integer pair count times it is not an integer
+        engine.cost.attention_flops_per_pair = 8191.0
+    elif why == "sums past 2**53":  # a whole pool's context times the bytes of a token
+        engine.cost.kv_bytes_per_token_layer = float(2**53 // engine.kv.home.capacity)
     if why != "no runs":
         assert not steprun.applies(engine)
     if why in ("measured tables", "prefix caching", "no runs"):  # as the engine builds it
