@@ -393,11 +393,19 @@ class CostModel:
             attention = (attention + self._decode_kernels(context, steps)) + latency
         return linear, attention, self._overhead()
 
+    @property
+    def roofline_attention(self) -> bool:
+        """Whether attention is this class's roofline (a measured-table model overrides it)."""
+        return type(self).attention_time is CostModel.attention_time
+
+    @property
+    def overhead_s(self) -> float:
+        """The fixed time of every step."""
+        return self._overhead()
+
     def _vectorised(self) -> bool:
         """Whether attention is this roofline (a step's sums can be rows of one array)."""
-        return (
-            type(self).attention_time is CostModel.attention_time and not self.model.sliding_window
-        )
+        return self.roofline_attention and not self.model.sliding_window
 
     def _decode_kernels(self, context: np.ndarray, steps: int) -> np.ndarray:
         """The decode kernel's time in each of ``steps`` decode steps from ``context``."""

@@ -55,7 +55,7 @@ def applies(engine: Engine) -> bool:
     pool, and a step's prefill tokens in the budget.
     """
     kv, cost, config = engine.kv, engine.cost, engine.config.engine
-    if kv.prefix or not cost._vectorised():
+    if kv.prefix or not cost.roofline_attention:
         return False
     kv_bytes, flops = float(cost.kv_bytes_per_token_layer), float(cost.attention_flops_per_pair)
     if not (kv_bytes.is_integer() and (flops / 2).is_integer()):
@@ -82,7 +82,8 @@ class StepPlanner:
         self.bandwidth, self.peak = params.memory_bandwidth, params.attention_flops
         self.latency = model.layers * params.attention_latency_s
         self.reads_bound = cost.decode_reads_bound
-        self.overhead = cost._overhead()
+        self.overhead = cost.overhead_s
+        self.window = model.sliding_window or 0  # 0: attention reads the whole context
 
     # --- the run --------------------------------------------------------------------------
 
@@ -206,19 +207,21 @@ class StepPlanner:
         """A step giving ``tokens`` to sequences of ``prompt`` and ``generated`` tokens that
         hold ``computed`` (those given none are left out, as from the scheduler's batch)."""
         bt = self.bt
+        window = self.window
         pairs, attended, spans, decodes, sampled, prefill, reads = 0.0, 0, 0, 0, 0, 0, 0
         for n, c, p, g in zip(tokens, computed, prompt, generated, strict=True):
             if not n:
                 continue
             reads += -(-c // bt)
             sampled += c + n == p + g
+            a = min(c, window) if window else c  # the cached tokens attention reads
             if n == 1:
-                spans += c + 1
+                spans += a + 1
                 decodes += 1
                 prefill += c < p  # a prompt's last token
             else:
-                pairs += n * (c + (n + 1.0) / 2.0)
-                attended += c + n
+                pairs += n * (a + (n + 1.0) / 2.0)
+                attended += a + n
                 prefill += n
         attention = 0.0  # as CostModel.attention_time adds its terms
         if attended:
@@ -355,7 +358,8 @@ class StepPlanner:
         the last) or the pool runs short (the run ends before that step). Logs the columns
         that change; how many steps."""
         bt, n, ids, held, grow = self.bt, len(self.ids), self.ids, self.held, self._grow
-        spans, reads = sum(self.computed) + n, sum(self.held)
+        spans, growth, full = self._spans()
+        reads = sum(held)
         linear, overhead, latency = self.e.cost.linear_time(n, n), self.overhead, self.latency
         ends, compute_at, attention_at = log.ends, log.compute.append, log.attention.append
         reads_at, resident_at = log.reads.append, log.resident.append
@@ -375,8 +379,10 @@ class StepPlanner:
             reads_at(reads)
             resident_at(self.resident)
             reads += len(new)
-            spans += n
+            spans += growth
             taken += 1
+            if full:  # sequences whose attention reaches the window from this step on
+                growth -= full.get(taken, 0)
             if now >= self.arrival:
                 arrived = True
                 break
@@ -386,6 +392,20 @@ class StepPlanner:
         if arrived:
             self._arrive(log, now)
         return taken
+
+    def _spans(self) -> tuple[int, int, dict[int, int]]:
+        """The running sequences' attended tokens in the next decode step, how many more
+        each step (those whose attention has not reached the window), and how many reach
+        it at each step ahead."""
+        n, window = len(self.ids), self.window
+        if not window:
+            return sum(self.computed) + n, n, {}
+        spans = sum(min(c, window) for c in self.computed) + n
+        full: dict[int, int] = {}
+        for c in self.computed:
+            if c < window:
+                full[window - c] = full.get(window - c, 0) + 1
+        return spans, sum(full.values()), full
 
     def _head_refused(self, first: int) -> int | None:
         """Whether nobody can join the decode steps ahead (the first of which allocates

@@ -133,10 +133,11 @@ def test_decode_runs_change_nothing_with_measured_tables(tmp_path):
     block=st.sampled_from([1, 16, 32]),
     budget=st.sampled_from([256, 4096]),
     seats=st.sampled_from([3, 64]),
+    window=st.sampled_from([None, 64]),  # sliding-window attention
     planner=st.sampled_from(PLANNERS),
 )
 def test_decode_runs_change_nothing_anywhere(
-    seed, rate, output, pool, swap, shared, block, budget, seats, planner
+    seed, rate, output, pool, swap, shared, block, budget, seats, window, planner
 ):
     config = make_config(
         f"seed={seed}",
@@ -153,9 +154,25 @@ def test_decode_runs_change_nothing_anywhere(
             shared,
         ),
     )
+    config = _with_window(config, window)
     with pytest.MonkeyPatch.context() as monkeypatch:
         _use(planner, monkeypatch)
         _same_results(config)
+
+
+def _with_window(config, window: int | None):
+    """``config`` with its model's attention limited to the last ``window`` tokens."""
+    model = config.model.model_copy(update={"sliding_window": window})
+    return config.model_copy(update={"model": model})
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_decode_runs_change_nothing_with_a_sliding_window(planner, monkeypatch):
+    """Contexts cross a 100-token window in prefill chunks and in decode steps."""
+    _use(planner, monkeypatch)
+    workload = synthetic(30, {"kind": "uniform", "min": 20, "max": 400}, 150, 20.0)
+    config = make_config("engine.max_batched_tokens=128", workload=workload)
+    assert _same_results(_with_window(config, 100)) > 0
 
 
 def test_one_request_alone_decodes_at_the_cost_model_times():

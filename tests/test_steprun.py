@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sim import steprun
@@ -28,11 +28,11 @@ def _engine(config) -> Engine:
 @pytest.mark.parametrize(
     ("model", "hardware"),
     [("llama-3-8b", "h100-sxm"), ("llama-2-7b", "h100-sxm"), ("qwen2.5-7b", "h200-sxm"),
-     ("mixtral-8x7b", "h200-sxm"), ("llama-3-70b", "mi300x")],
+     ("mixtral-8x7b", "h200-sxm"), ("llama-3-70b", "mi300x"), ("mistral-7b", "h100-sxm")],
 )  # fmt: skip
 def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardware):
     """The bundled models' sums stay exact on their GPUs' pools (the largest: 4 KV heads
-    on 141 GB), so their runs are planned here."""
+    on 141 GB), so their runs are planned here (mistral-7b's sliding window too)."""
     config = make_config(
         f"model={model}", f"hardware={hardware}", workload=synthetic(20, 300, 50, 5.0)
     )
@@ -47,7 +47,6 @@ def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardwar
     [
         "prefix caching",
         "measured tables",
-        "sliding window",
         "inexact byte count",
         "odd FLOP count",
         "sums past 2**53",
@@ -55,9 +54,10 @@ def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardwar
     ],
 )
 def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
-    """Prefix caching (cached blocks, evictions), a cost model other than the vectorised
-    roofline, or a per-token KV size that is not a whole number of bytes (float sums whose
-    order matters) leave the runs to sim/decoderun.py's pieces."""
+    """Prefix caching (cached blocks, evictions), a cost model other than the roofline, or
+    attention sums that could be inexact (a per-token KV size that is not a whole number of
+    bytes, an odd FLOP count per pair, sums past 2**53: float sums whose order matters)
+    leave the runs to sim/decoderun.py's pieces."""
     if why == "measured tables":
         hardware = {
             "profile": "cpu-host",
@@ -72,10 +72,7 @@ def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
     else:
         config = make_config(workload=synthetic(5, 100, 10))
     engine = _engine(config)
-    if why == "sliding window":
-        model = engine.cost.model.model_copy(update={"sliding_window": 256})
-        engine.cost = CostModel(model, engine.cost.params)
-    elif why == "inexact byte count":
+    if why == "inexact byte count":
         engine.cost.kv_bytes_per_token_layer = 4096.3
     elif why == "odd FLOP count":  # a half-integer pair count times it is not an integer
         engine.cost.attention_flops_per_pair = 8191.0
@@ -102,15 +99,17 @@ def _sequences(draw) -> tuple[int, int, int, int]:
     batch=st.lists(_sequences(), min_size=1, max_size=40),
     efficiency=st.sampled_from([0.25, 1e-4]),  # reads-bound, FLOPs-bound decodes
     latency=st.sampled_from([0.0, 3e-6]),
+    window=st.sampled_from([None, 64, 4096]),  # sliding-window attention
 )
-def test_a_steps_tally_is_the_batch_and_cost_models_to_the_bit(batch, efficiency, latency):
+def test_a_steps_tally_is_the_batch_and_cost_models_to_the_bit(batch, efficiency, latency, window):
     """:meth:`StepPlanner.tally` on plain ints against the scheduler's batch arrays as the
     normal loop reads them (engine._record) and :meth:`CostModel.attention_time`."""
     engine = _engine(make_config(workload=synthetic(1, 10, 2)))
     params = dataclasses.replace(
         engine.cost.params, attention_efficiency=efficiency, attention_latency_s=latency
     )
-    engine.cost = cost = CostModel(engine.cost.model, params)
+    model = engine.cost.model.model_copy(update={"sliding_window": window})
+    engine.cost = cost = CostModel(model, params)
     planner = steprun.StepPlanner(engine, limit=1)
     tokens, computed, prompt, generated = (list(column) for column in zip(*batch, strict=True))
     got = planner.tally(tokens, computed, prompt, generated)
@@ -122,3 +121,26 @@ def test_a_steps_tally_is_the_batch_and_cost_models_to_the_bit(batch, efficiency
     assert got.sampled == (ctx + new == known).sum()
     assert got.reads == (-(-ctx // 16)).sum()
     assert got.attention == (cost.attention_time(new, ctx) if active.any() else 0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@example(computed=[100, 3, 99], window=100)  # one at the window, one a step short of it
+@given(
+    computed=st.lists(st.integers(1, 200), min_size=1, max_size=30),
+    window=st.sampled_from([None, 1, 16, 100]),
+)
+def test_decode_steps_attend_up_to_the_window(computed, window):
+    """The attended-token sum a decode stretch starts from and grows by, step after step,
+    against each step's sum taken directly."""
+    engine = _engine(make_config(workload=synthetic(1, 10, 2)))
+    model = engine.cost.model.model_copy(update={"sliding_window": window})
+    engine.cost = CostModel(model, engine.cost.params)
+    planner = steprun.StepPlanner(engine, limit=1)
+    planner.ids, planner.computed = list(range(len(computed))), computed
+    spans, growth, full = planner._spans()
+    for step in range(250):
+        contexts = np.array(computed) + step
+        attended = np.minimum(contexts, window) if window else contexts
+        assert spans == (attended + 1).sum(), step
+        spans += growth  # as StepPlanner._decode_steps goes on
+        growth -= full.get(step + 1, 0)
