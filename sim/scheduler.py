@@ -243,7 +243,7 @@ class Scheduler:
             rid = self.waiting[0]
             n = self._admit_one(rid, budget)
             if n is None:
-                self._blocked = (rid, budget, self.kv.available)
+                self.refused(rid, budget, self.kv.available)
                 break
             self.waiting.popleft()
             if n == 0:
@@ -268,6 +268,11 @@ class Scheduler:
         self._start(rid, now)
         self.running = np.append(self.running, rid)
         return rid
+
+    def refused(self, rid: int, budget: int, available: int) -> None:
+        """The queue head ``rid`` could not be admitted with ``budget`` tokens left and
+        ``available`` free blocks (:meth:`head_blocked` reads it)."""
+        self._blocked = (rid, budget, available)
 
     def head_blocked(self) -> bool:
         """Whether the queue head cannot join a step that decodes the running set: no seat

@@ -183,7 +183,7 @@ class StepPlanner:
             n = min(total, budget)
             blocks = -(-n // bt)
             if (not self.chunked and total > budget) or blocks > self.available:
-                s._blocked = (rid, budget, self.available)
+                s.refused(rid, budget, self.available)
                 return
             s.waiting.popleft()
             s.computed[rid] = 0
@@ -344,7 +344,7 @@ class StepPlanner:
         ):  # fmt: skip
             column += [value] * taken
         if head >= 0:
-            e.scheduler._blocked = (head, self.budget - n, self.available)
+            e.scheduler.refused(head, self.budget - n, self.available)
         if taken == finish:
             done = [i for i in range(n) if generated[i] >= output[i]]
             self._release(done, log.now)
