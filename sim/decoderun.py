@@ -105,16 +105,23 @@ class DecodeRuns:
     def run(self):
         """Simulate a run (a SimPy generator); returns how many steps it took."""
         e = self.engine
-        kv = e.kv
         log = _RunLog(e.env.now)
         if self.planner is not None:
             self.planner.plan(log)
-        while (
-            self.planner is None
-            and not log.last
-            and log.steps < MAX_RUN_STEPS
-            and (kind := self._next()) is not None
-        ):
+        else:
+            self._plan_pieces(log)
+        e.kv.planned_s = None
+        if log.steps:
+            yield from self._wait(log)
+            self.steps += log.steps
+            log.write(e)
+        return log.steps
+
+    def _plan_pieces(self, log: _RunLog) -> None:
+        """Take the run's steps into ``log`` piece by piece until one needs the clock."""
+        e = self.engine
+        kv = e.kv
+        while not log.last and log.steps < MAX_RUN_STEPS and (kind := self._next()) is not None:
             kv.planned_s = log.now
             if kind != ADMIT and kv.prefix:
                 kv.hint_upcoming([])  # as the scheduler does each step: nobody waits
@@ -125,12 +132,6 @@ class DecodeRuns:
                 self._prefill_chunks(log)
             elif not self._prefill_chunks(log):  # (waiting requests wait while it takes the budget)
                 self._scheduled_step(kind, log)
-        kv.planned_s = None
-        if log.steps:
-            yield from self._wait(log)
-            self.steps += log.steps
-            log.write(e)
-        return log.steps
 
     # --- one step at a time -----------------------------------------------------------------
 

@@ -220,7 +220,7 @@ class KvManager:
     def grow_each(self, rids: np.ndarray, positions: np.ndarray) -> None:
         """One more block for each entry of ``rids``, in order: the same as :meth:`allocate`
         for each, when the home tier has the room and new blocks draw no heat (full access).
-        A request may repeat: ``positions`` numbers each one's block in its request."""
+        ``positions``: each new block's number in its request (a request may repeat)."""
         if len(rids) < FEW_BLOCKS or self.access.sparse or len(rids) > self.home.free_slots:
             for rid in rids.tolist():  # (a few blocks: one at a time is quicker)
                 self.allocate(rid, (int(self.held[rid]) + 1) * self.bt)
