@@ -362,37 +362,6 @@ class CostModel:
             self._overhead(),
         )
 
-    def prefill_steps(
-        self, context: np.ndarray, chunks: np.ndarray, prefilled: int, sampled: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, float]:
-        """(linear per step, attention per step, overhead) seconds of consecutive steps in
-        which a batch whose contexts start at ``context`` decodes while one more sequence,
-        ``prefilled`` tokens in, computes ``chunks`` (one a step, each of two tokens or
-        more); ``sampled``: the sequences sampling in each step.
-
-        The same floating-point results as :meth:`step` on each step (a test checks).
-        """
-        n, steps = len(context), len(chunks)
-        start = prefilled + np.cumsum(chunks) - chunks  # the prefill's context at each step
-        pairs = zip((n + chunks).tolist(), sampled.tolist(), strict=True)
-        linear = np.array([self.linear_time(t, k) for t, k in pairs])
-        if not self._vectorised():
-            costs = [
-                self.step(np.append(np.ones(n, dtype=np.int64), c), np.append(context + j, x), 0)
-                for j, (c, x) in enumerate(zip(chunks.tolist(), start.tolist(), strict=True))
-            ]
-            return linear, np.array([c.attention_s for c in costs]), self._overhead()
-        m, p = self.model, self.params
-        new, ctx = chunks.astype(np.float64), start.astype(np.float64)
-        flops = new * (ctx + (new + 1.0) / 2.0) * self.attention_flops_per_pair * m.layers
-        traffic = (ctx + new) * self.kv_bytes_per_token_layer * m.layers
-        latency = m.layers * p.attention_latency_s
-        # as attention_time adds them: the prefill kernel, then the decodes' (if any)
-        attention = np.maximum(flops / p.attention_flops, traffic / p.memory_bandwidth) + latency
-        if n:
-            attention = (attention + self._decode_kernels(context, steps)) + latency
-        return linear, attention, self._overhead()
-
     @property
     def roofline_attention(self) -> bool:
         """Whether attention is this class's roofline (a measured-table model overrides it)."""

@@ -4,19 +4,19 @@ In ``hbm`` mode with full access, no prefetch and nothing moving between tiers, 
 is a function of the scheduler's state and of the arrivals, whose delivery times are known
 in advance. A run takes such steps one after another without the engine loop's per-step
 event and bookkeeping, hands the scheduler the requests that arrive meanwhile itself, waits
-one SimPy timeout for all of them and writes their timeline rows at once. Its steps are:
+one SimPy timeout for all of them and writes their timeline rows at once.
+
+Without prefix caching a run is planned a step at a time by
+:class:`sim.steprun.StepPlanner` (no block is cached then, so a step is a few integer
+updates). With it, the run is planned here, in pieces:
 
 - decodes: every running request adds one token a step, so the steps up to the next
   arrival or finish are priced as one array (:meth:`CostModel.decode_steps`), with the
-  block allocations made at block boundaries in the order the scheduler would;
-- prefill chunks: while someone is in prefill, each step gives every running request its
-  tokens by the scheduler's rule (:meth:`Scheduler.running_tokens`);
-- admissions: the scheduler's own :meth:`Scheduler.schedule` (in ``hbm`` mode a cached
-  prefix is in HBM: admitting reads no other tier).
-
-Without prefix caching (and with the roofline cost model) a run is planned a step at a
-time instead, by :class:`sim.steprun.StepPlanner`: no block is cached then, so a step is a
-few integer updates, cheaper than a piece's numpy calls on arrays of a few dozen elements.
+  block allocations (which may evict cached blocks) and the registrations of newly full
+  blocks made step by step in the order the scheduler would;
+- any other step (admissions, prefill chunks): the scheduler's own
+  :meth:`Scheduler.schedule` and :meth:`CostModel.step` (in ``hbm`` mode a cached prefix is
+  in HBM: admitting reads no other tier).
 
 While a run plans a step, the KV manager's clock (:attr:`KvManager.now`) reads that step's
 time, as SimPy's would: blocks cached or evicted then are stamped as in the normal loop.
@@ -80,12 +80,11 @@ class DecodeRuns:
         s, kv = self.engine.scheduler, self.engine.kv
         if not len(s.running) or s.loading or kv.blocking:
             return None  # (in hbm mode no block copies are queued between steps)
-        decoding = self._decoding()
-        if s.waiting and not (decoding and not kv.prefix and s.head_blocked()):
+        if s.waiting:
             if kv.swapped or self._preempts():
                 return None
             return ADMIT
-        if not decoding:
+        if not self._decoding():
             return PREFILL
         return DECODE if len(s.running) <= s.engine.max_batched_tokens else None
 
@@ -127,10 +126,7 @@ class DecodeRuns:
                 kv.hint_upcoming([])  # as the scheduler does each step: nobody waits
             if kind == DECODE:
                 self._decodes(log)
-            elif kind == ADMIT and self._admits_alone(log):
-                e.scheduler.admit_head(log.now)
-                self._prefill_chunks(log)
-            elif not self._prefill_chunks(log):  # (waiting requests wait while it takes the budget)
+            else:
                 self._scheduled_step(kind, log)
 
     # --- one step at a time -----------------------------------------------------------------
@@ -157,109 +153,6 @@ class DecodeRuns:
         if not s.allocate_running(target, need):
             return None
         return s.batch(s.running, n, s.running[:0])
-
-    # --- prefill chunks ------------------------------------------------------------------------
-
-    def _admits_alone(self, log: _RunLog) -> bool:
-        """Whether the next step admits just the queue head, fresh (no blocks held, no prefix
-        caching), as the first of its prefill chunks while every running request decodes."""
-        e = self.engine
-        s, kv = e.scheduler, e.kv
-        rid, n = s.waiting[0], len(s.running)
-        if kv.prefix or kv.held[rid] or n >= s.engine.max_num_seqs:
-            return False
-        if e.next_arrival_s <= log.now or not self._decoding():
-            return False
-        left = s.engine.max_batched_tokens - n  # the budget the decoders leave
-        plan = s.plan_admission(rid, left)
-        if plan is None or plan.tokens < 2:
-            return False
-        if len(s.waiting) > 1 and plan.tokens < left:  # budget left for the next one
-            return False
-        ids = s.running
-        boundary = kv.held[ids] * kv.bt == s.computed[ids]  # decoders starting a block
-        return int(np.count_nonzero(boundary)) + plan.blocks <= kv.available
-
-    def _prefill_chunks(self, log: _RunLog) -> bool:
-        """The last running request's prefill chunks while the rest decode, priced at once,
-        up to its first token or the next finish or arrival; False if the batch is not of
-        that shape (then a step at a time)."""
-        e = self.engine
-        s, kv = e.scheduler, e.kv
-        ids = s.running
-        generated = s.generated[ids]
-        remaining = s.prompt[ids] + generated - s.computed[ids]
-        rid, decoders = int(ids[-1]), ids[:-1]
-        left = s.engine.max_batched_tokens - len(decoders)  # the prefill's tokens a step
-        if kv.prefix or left < 2 or not (remaining[:-1] == 1).all() or not generated[:-1].all():
-            return False
-        chunks = _chunks(int(remaining[-1]), left)
-        if s.waiting:  # only while the prefill takes the whole budget: no one can join
-            chunks = chunks[: int(np.argmin(chunks == left)) if (chunks < left).any() else None]
-        if len(decoders):  # up to the next decoder's finish
-            chunks = chunks[: int((s.output[decoders] - generated[:-1]).min())]
-        if not len(chunks):
-            return False
-        samples = np.zeros(len(chunks), dtype=np.int64)
-        samples[-1] = int(chunks.sum()) == int(remaining[-1])  # its first token
-        context = s.computed[decoders]
-        linear, attention, overhead = e.cost.prefill_steps(
-            context, chunks, int(s.computed[rid]), samples + len(decoders)
-        )
-        compute = (linear + attention) + overhead  # as StepCost.total_s adds them
-        times = np.add.accumulate(np.concatenate(([log.now], compute)))  # as SimPy adds
-        taken = self._prefill_blocks(decoders, context, rid, chunks, times, log)
-        if not taken:
-            return True
-        n, k = len(decoders), taken
-        log.add_steps(n + 1, n + chunks[:k], chunks[:k], samples[:k] + n, e)
-        log.linear += linear[:k].tolist()
-        log.attention += attention[:k].tolist()
-        log.overhead += [overhead] * k
-        prefilled = int(s.computed[rid]) + np.cumsum(chunks[:k]) - chunks[:k]
-        log.reads += (_reads(context, k, e) + -(-prefilled // kv.bt)).tolist()
-        log.compute += compute[:k].tolist()
-        self._deliver(log, times[1 : k + 1].tolist())
-        s.computed[decoders] += k - 1  # the steps before the last, in bulk
-        s.generated[decoders] += k - 1
-        s.computed[rid] += int(chunks[: k - 1].sum())
-        new, sampled = np.ones(n + 1, dtype=np.int64), np.ones(n + 1, dtype=bool)
-        new[-1], sampled[-1] = chunks[k - 1], samples[k - 1]
-        s.complete(Batch(ids.copy(), new, s.computed[ids], sampled, ids[:0]), log.now)
-        log.snapshot(e, replace=True)
-        return True
-
-    def _prefill_blocks(
-        self,
-        decoders: np.ndarray,
-        context: np.ndarray,
-        rid: int,
-        chunks: np.ndarray,
-        times: np.ndarray,
-        log: _RunLog,
-    ) -> int:
-        """Allocate the blocks of the prefill-chunk steps that start before the next arrival
-        and fit in the pool, as the scheduler would (decoders first); how many steps."""
-        kv = self.engine.kv
-        hbm = kv.tiers[HBM]
-        n = len(chunks)
-        at, rids, _ = self._allocations(decoders, context, n)
-        per_step = np.bincount(at, minlength=n)
-        held = int(kv.held[rid])
-        target = int(self.engine.scheduler.computed[rid]) + np.cumsum(chunks)
-        full = -(-target // kv.bt)  # blocks the prefill holds after each step
-        need = np.maximum(full - np.maximum.accumulate(np.append(held, full[:-1])), 0)
-        taken = self._steps_taken(per_step + need, times, log)
-        bounds = [0, *np.cumsum(per_step[:taken]).tolist()]
-        for j, (a, b) in enumerate(pairwise(bounds)):
-            for r in rids[a:b].tolist():
-                kv.allocate(r, int(kv.held[r]) * kv.bt + 1)  # its next block
-            if need[j]:
-                kv.allocate(rid, int(target[j]))
-            log.running.append(len(decoders) + 1)
-            log.resident.append(hbm.resident)
-            log.cached.append(len(hbm.evictable))
-        return taken
 
     def _steps_taken(self, counts: np.ndarray, times: np.ndarray, log: _RunLog) -> int:
         """How many of a piece's steps (``counts`` new blocks each, starting at ``times``) it
@@ -319,56 +212,43 @@ class DecodeRuns:
         linear, attention, overhead = e.cost.decode_steps(context, n)
         compute = (linear + attention) + overhead  # as StepCost.total_s adds them
         times = np.add.accumulate(np.concatenate(([log.now], compute)))  # as SimPy adds
-        at, rids, nth = self._allocations(ids, context, n)
+        at, owner = new_blocks(e.kv.held[ids], context, n, e.kv.bt)
         counts = np.bincount(at, minlength=n)
         taken = self._steps_taken(counts, times, log)
         if taken == 0:
             return 0
-        self._allocate(ids, context, (rids, nth), counts[:taken], times[:taken], log)
+        self._allocate(ids, context, ids[owner], counts[:taken], times[:taken], log)
         log.add_decodes(context, linear, attention[:taken], overhead, e)
         log.compute += compute[:taken].tolist()
         self._deliver(log, times[1 : taken + 1].tolist())
         return taken
 
-    def _allocations(self, ids: np.ndarray, context: np.ndarray, n: int):
-        """The new blocks of the next ``n`` decode steps of ``ids`` (:func:`new_blocks`): each
-        one's step, request, and its request's earlier ones."""
-        kv = self.engine.kv
-        at, owner, nth = new_blocks(kv.held[ids], context, n, kv.bt)
-        return at, ids[owner], nth
-
     def _allocate(
         self,
         ids: np.ndarray,
         context: np.ndarray,
-        blocks: tuple[np.ndarray, np.ndarray],
+        rids: np.ndarray,
         counts: np.ndarray,
         starts: np.ndarray,
         log: _RunLog,
     ) -> None:
-        """Allocate the new blocks of the decode steps taken (``counts`` a step; ``blocks``:
-        their requests in order, and each request's earlier ones), as the scheduler would step
-        by step, and note the HBM blocks after each step."""
+        """Allocate the new blocks of the decode steps taken (``counts`` a step, for ``rids``
+        in order) and register the blocks that fill, step by step as the scheduler would (a
+        step's registrations can change what the next allocation evicts); note the HBM
+        blocks after each step."""
         kv = self.engine.kv
         hbm = kv.tiers[HBM]
-        rids, nth = blocks
         log.running += [len(ids)] * len(counts)
-        if kv.prefix:  # a step's registrations can change what the next allocation evicts
-            hashed = kv.registered[ids] < kv.hashed_blocks[ids]  # those that may register
-            bounds = [0, *np.cumsum(counts).tolist()]
-            for j, (a, b) in enumerate(pairwise(bounds)):
-                kv.planned_s = float(starts[j])  # evicting a cached block reads the clock
-                for rid in rids[a:b].tolist():
-                    kv.allocate(rid, int(kv.held[rid]) * kv.bt + 1)  # its next block
-                log.resident.append(hbm.resident)
-                log.cached.append(len(hbm.evictable))
-                if hashed.any():
-                    kv.register_full(ids[hashed], context[hashed] + j + 1)
-            return
-        total = int(counts.sum())  # nothing cached, nothing evicted: one call, same ids
-        kv.grow_each(rids[:total], kv.held[rids[:total]] + nth[:total])
-        log.resident += (hbm.resident - total + np.cumsum(counts)).tolist()
-        log.cached += [len(hbm.evictable)] * len(counts)
+        hashed = np.flatnonzero(kv.registered[ids] < kv.hashed_blocks[ids]) if kv.prefix else []
+        bounds = [0, *np.cumsum(counts).tolist()]
+        for j, (a, b) in enumerate(pairwise(bounds)):
+            kv.planned_s = float(starts[j])  # evicting a cached block reads the clock
+            for rid in rids[a:b].tolist():
+                kv.allocate(rid, int(kv.held[rid]) * kv.bt + 1)  # its next block
+            log.resident.append(hbm.resident)
+            log.cached.append(len(hbm.evictable))
+            if len(hashed):
+                kv.register_full(ids[hashed], context[hashed] + j + 1)
 
     def _advance(self, ids: np.ndarray, steps: int, finishes: bool, log: _RunLog) -> None:
         """Apply ``steps`` decode steps of ``ids``; the last completes through the scheduler
@@ -474,16 +354,6 @@ class _RunLog:
         self.overhead += [overhead] * k
         self.reads += _reads(context, k, e).tolist()
 
-    def add_steps(
-        self, batch: int, tokens: np.ndarray, prefill: np.ndarray, sampled: np.ndarray, e: Engine
-    ) -> None:
-        """The shape of steps of ``batch`` sequences (``tokens``, ``prefill`` tokens and
-        ``sampled`` sequences in each)."""
-        tokens, sampled = tokens.tolist(), sampled.tolist()
-        activation = e.cost.activation_bytes
-        activations = [activation(t, n) for t, n in zip(tokens, sampled, strict=True)]
-        self._add_shapes(batch, tokens, prefill.tolist(), sampled, activations)
-
     def _add_shapes(
         self,
         batch: int,
@@ -549,30 +419,24 @@ class _RunLog:
         )
 
 
-def new_blocks(held: np.ndarray, context: np.ndarray, n: int, bt: int):
+def new_blocks(
+    held: np.ndarray, context: np.ndarray, n: int, bt: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The blocks that sequences holding ``held`` blocks for ``context`` tokens start in the
     next ``n`` decode steps, by step and then in batch order (as the scheduler allocates):
-    each one's step, its sequence's index, and how many that sequence started before."""
+    each one's step, and its sequence's index."""
     first = np.maximum(held * bt - context, 0)  # steps until its next block
     if n <= bt:  # at most one each: a stable sort on the step keeps batch order
         owner = np.flatnonzero(first < n)
         at = first[owner]
         order = at.argsort(kind="stable")
-        return at[order], owner[order], np.zeros(len(owner), dtype=np.int64)
+        return at[order], owner[order]
     per = np.where(first < n, (n - 1 - first) // bt + 1, 0)
     owner = np.repeat(np.arange(len(held)), per)
-    nth = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)
+    nth = np.arange(len(owner)) - np.repeat(np.cumsum(per) - per, per)  # its earlier ones
     step = first[owner] + bt * nth
     order = np.lexsort((owner, step))
-    return step[order], owner[order], nth[order]
-
-
-def _chunks(tokens: int, budget: int) -> np.ndarray:
-    """The chunks of ``tokens`` prefill tokens at ``budget`` a step, each of two or more (a
-    last chunk of one token is a decode kernel: it is left to a step of its own)."""
-    chunks = np.full(-(-tokens // budget), budget, dtype=np.int64)
-    chunks[-1] = tokens - budget * (len(chunks) - 1)
-    return chunks[:-1] if chunks[-1] == 1 else chunks
+    return step[order], owner[order]
 
 
 def _reads(context: np.ndarray, steps: int, e: Engine) -> np.ndarray:

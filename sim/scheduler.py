@@ -79,7 +79,6 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.running = np.zeros(0, dtype=np.int64)
         self.loading = 0
-        self._blocked: tuple[int, int, int] | None = None  # (head, budget, blocks) it lacked
         self.max_len = self._max_sequence_tokens()
         kv.on_loaded = self._loaded
 
@@ -243,7 +242,6 @@ class Scheduler:
             rid = self.waiting[0]
             n = self._admit_one(rid, budget)
             if n is None:
-                self.refused(rid, budget, self.kv.available)
                 break
             self.waiting.popleft()
             if n == 0:
@@ -258,37 +256,6 @@ class Scheduler:
         self.status[rid] = RUNNING
         if np.isnan(self.scheduled_s[rid]):
             self.scheduled_s[rid] = now
-
-    def admit_head(self, now: float) -> int:
-        """Admit the queue head as :meth:`schedule` does one that holds no blocks and finds
-        no cached prefix: it joins the running set with nothing computed (the caller then
-        allocates the blocks of its first chunk)."""
-        rid = self.waiting.popleft()
-        self.computed[rid] = 0
-        self._start(rid, now)
-        self.running = np.append(self.running, rid)
-        return rid
-
-    def refused(self, rid: int, budget: int, available: int) -> None:
-        """The queue head ``rid`` could not be admitted with ``budget`` tokens left and
-        ``available`` free blocks (:meth:`head_blocked` reads it)."""
-        self._blocked = (rid, budget, available)
-
-    def head_blocked(self) -> bool:
-        """Whether the queue head cannot join a step that decodes the running set: no seat
-        or budget is left, or it was refused with this budget and no fewer free blocks.
-
-        NOTE: valid without prefix caching only (a new cached prefix changes what it costs).
-        """
-        e = self.engine
-        budget = e.max_batched_tokens - len(self.running)
-        if len(self.running) >= e.max_num_seqs or budget <= 0:
-            return True
-        if self._blocked is None or not self.waiting:
-            return False
-        rid, refused_budget, available = self._blocked
-        same_head = rid == self.waiting[0] and refused_budget == budget
-        return same_head and self.kv.available <= available
 
     def _stuck(self) -> bool:
         """Nothing runs or loads, and the queue head could not be admitted."""

@@ -5,7 +5,7 @@ and generated, blocks held), and no block is cached or evicted: the pool's free 
 a count. A step is then the scheduler's rule on those integers (the running requests'
 tokens in order while the budget lasts, then admissions FCFS), and its price is the cost
 model's roofline on integer sums: every term of the roofline's attention sums is an
-integer below 2**53 (:func:`applies`), so a sum in any order is exact, and the plain-float
+integer below 2**53 (:func:`exact`), so a sum in any order is exact, and the plain-float
 formulas below give the very floats :meth:`CostModel.step` gives. Decode steps between two
 events (an arrival, a finish, a block shortage) are a tight loop of a few integer updates
 each; block allocations wait in a list and are made in one call
@@ -13,8 +13,9 @@ each; block allocations wait in a list and are made in one call
 them, so the block ids are the same too.
 
 Equal to ``engine.decode_runs: false`` (tests/test_decode_runs.py). Where the sums could be
-inexact or the cost model is not the vectorised roofline, :func:`applies` is False and the
-piece planner (:mod:`sim.decoderun`) plans the run.
+inexact or the cost model is not the roofline (measured operator tables), each step's
+attention is the cost model's own call instead (:func:`exact`). With prefix caching, the
+piece planner (:mod:`sim.decoderun`) plans the runs.
 """
 
 from __future__ import annotations
@@ -46,16 +47,22 @@ class Tally(NamedTuple):
 
 
 def applies(engine: Engine) -> bool:
-    """Whether a run of ``engine`` can be planned a step at a time here, exactly.
+    """Whether ``engine``'s runs are planned a step at a time here: without prefix caching."""
+    return not engine.kv.prefix
+
+
+def exact(engine: Engine) -> bool:
+    """Whether plain-float roofline formulas give ``engine``'s cost model's floats.
 
     The roofline's attention sums (numpy's, pairwise) are sums of terms ``tokens * bytes *
     layers`` and ``pairs * flops * layers``: with whole KV bytes per token and an even FLOP
     count per pair (``pairs`` are halves), every term and partial sum is an integer, exact
     below 2**53 whatever the order. The bounds: the running sequences' contexts fit in the
-    pool, and a step's prefill tokens in the budget.
+    pool, and a step's prefill tokens in the budget. Elsewhere (measured operator tables, a
+    pool past the bound) each step's attention is the cost model's own call.
     """
     kv, cost, config = engine.kv, engine.cost, engine.config.engine
-    if kv.prefix or not cost.roofline_attention:
+    if not cost.roofline_attention:
         return False
     kv_bytes, flops = float(cost.kv_bytes_per_token_layer), float(cost.attention_flops_per_pair)
     if not (kv_bytes.is_integer() and (flops / 2).is_integer()):
@@ -84,6 +91,7 @@ class StepPlanner:
         self.reads_bound = cost.decode_reads_bound
         self.overhead = cost.overhead_s
         self.window = model.sliding_window or 0  # 0: attention reads the whole context
+        self.exact = exact(engine)  # else each step's attention is the cost model's call
 
     # --- the run --------------------------------------------------------------------------
 
@@ -183,7 +191,6 @@ class StepPlanner:
             n = min(total, budget)
             blocks = -(-n // bt)
             if (not self.chunked and total > budget) or blocks > self.available:
-                s.refused(rid, budget, self.available)
                 return
             s.waiting.popleft()
             s.computed[rid] = 0
@@ -223,6 +230,11 @@ class StepPlanner:
                 pairs += n * (a + (n + 1.0) / 2.0)
                 attended += a + n
                 prefill += n
+        if not self.exact:
+            active = [i for i, n in enumerate(tokens) if n]
+            new, context = np.array(tokens)[active], np.array(computed)[active]
+            attention = self.e.cost.attention_time(new, context)
+            return Tally(sum(tokens), sampled, prefill, reads, attention)
         attention = 0.0  # as CostModel.attention_time adds its terms
         if attended:
             flops = pairs * self.flops * self.layers / self.peak
@@ -326,8 +338,7 @@ class StepPlanner:
             due[held[i] * bt - computed[i]].append(i)
         if len(due[0]) > self.available:
             return False  # the normal loop preempts
-        head = self._head_refused(len(due[0]))
-        if head is None:
+        if not self._nobody_joins(len(due[0])):
             return False
         finish = min(o - g for o, g in zip(output, generated, strict=True))
         steps = min(finish, self.limit - log.steps)
@@ -343,8 +354,6 @@ class StepPlanner:
             (log.hits, NO_HITS), (log.running, n), (log.cached, 0),
         ):  # fmt: skip
             column += [value] * taken
-        if head >= 0:
-            e.scheduler.refused(head, self.budget - n, self.available)
         if taken == finish:
             done = [i for i in range(n) if generated[i] >= output[i]]
             self._release(done, log.now)
@@ -363,6 +372,9 @@ class StepPlanner:
         linear, overhead, latency = self.e.cost.linear_time(n, n), self.overhead, self.latency
         ends, compute_at, attention_at = log.ends, log.compute.append, log.attention.append
         reads_at, resident_at = log.reads.append, log.resident.append
+        exact, ones, contexts = self.exact, None, None
+        if not exact:  # each step's attention is the cost model's call
+            ones, contexts = np.ones(n, dtype=np.int64), np.array(self.computed)
         now, taken, arrived = log.now, 0, False
         while taken < steps:
             new = due[taken % bt]
@@ -371,7 +383,10 @@ class StepPlanner:
                 break
             for i in new:
                 grow(ids[i], held[i] + taken // bt, 1)
-            attention = self._decode_kernel(spans) + latency
+            if exact:
+                attention = self._decode_kernel(spans) + latency
+            else:
+                attention = self.e.cost.attention_time(ones, contexts + taken)
             compute = linear + attention + overhead
             now = now + compute
             compute_at(compute)
@@ -407,19 +422,17 @@ class StepPlanner:
                 full[window - c] = full.get(window - c, 0) + 1
         return spans, sum(full.values()), full
 
-    def _head_refused(self, first: int) -> int | None:
-        """Whether nobody can join the decode steps ahead (the first of which allocates
-        ``first`` blocks): -1 if none is asked (no one waits, no seat or budget is left), the
-        queue head if it is refused (as it stays while blocks only go), None if it may join."""
+    def _nobody_joins(self, first: int) -> bool:
+        """Whether no waiting request can join the decode steps ahead (the first of which
+        allocates ``first`` blocks): none waits, no seat or budget is left, or the queue head
+        is refused now (and stays so while blocks only go)."""
         s, kv = self.e.scheduler, self.e.kv
         budget = self.budget - len(self.ids)
         if not s.waiting or budget <= 0 or len(self.ids) >= self.seats:
-            return -1
+            return True
         rid = s.waiting[0]
         if rid in kv.swapped:
-            return None
+            return False
         total = int(s.prompt[rid] + s.generated[rid])
         blocks = -(-min(total, budget) // self.bt)
-        if (not self.chunked and total > budget) or blocks > self.available - first:
-            return rid
-        return None
+        return (not self.chunked and total > budget) or blocks > self.available - first

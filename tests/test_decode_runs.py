@@ -91,19 +91,18 @@ CASES = {
 }
 
 
-PLANNERS = ["steps", "pieces"]  # sim/steprun.py (without prefix caching), sim/decoderun.py
+# sim/steprun.py without prefix caching (its own sums, or each step's attention_time call),
+# sim/decoderun.py's pieces with it (here also without)
+PLANNERS = ["steps", "priced", "pieces"]
 
 
 def _use(planner: str, monkeypatch) -> None:
-    """Plan runs a step at a time where that applies, or always in pieces."""
+    """Plan runs a step at a time where that applies (``priced``: with the cost model's
+    calls, as for measured tables), or always in pieces."""
     if planner == "pieces":
         monkeypatch.setattr(steprun, "applies", lambda engine: False)
-
-
-@pytest.fixture
-def pieces(monkeypatch):
-    """Runs planned in pieces even without prefix caching."""
-    _use("pieces", monkeypatch)
+    if planner == "priced":
+        monkeypatch.setattr(steprun, "exact", lambda engine: False)
 
 
 @pytest.mark.parametrize("planner", PLANNERS)
@@ -259,33 +258,6 @@ def test_runs_take_admissions_prefill_chunks_and_finishes(planner, monkeypatch):
     assert (result.timeline["prefill_tokens"] > 0).sum() > 40  # chunks of every prompt
 
 
-@pytest.mark.parametrize("decoders", [0, 37])
-@pytest.mark.parametrize("sliding", [None, 256])
-@pytest.mark.parametrize("attention_efficiency", [0.25, 1e-4])  # reads-bound, FLOPs-bound
-@pytest.mark.parametrize("latency", [0.0, 3e-6])  # calibrated: each attention kernel's latency
-def test_prefill_steps_equal_one_step_at_a_time(
-    decoders, sliding, attention_efficiency, latency, tiny_model, cost_params
-):
-    model = tiny_model.model_copy(update={"sliding_window": sliding})
-    params = dataclasses.replace(
-        cost_params, attention_efficiency=attention_efficiency, attention_latency_s=latency
-    )
-    cost = CostModel(model, params)
-    context = np.random.default_rng(4).integers(0, 5000, size=decoders)
-    chunks = np.array([300, 300, 300, 57])
-    sampled = np.array([0, 0, 0, 1]) + decoders
-    linear, attention, overhead = cost.prefill_steps(context, chunks, 700, sampled)
-    before = 700 + np.cumsum(chunks) - chunks
-    for j in range(len(chunks)):
-        new = np.append(np.ones(decoders, dtype=np.int64), chunks[j])
-        step = cost.step(new, np.append(context + j, before[j]), int(sampled[j]))
-        assert (step.linear_s, step.attention_s, step.overhead_s) == (
-            linear[j],
-            attention[j],
-            overhead,
-        )
-
-
 def test_grow_each_allocates_as_one_call_each():
     config = make_config(workload=synthetic(5, 100, 10))
     requests = build_requests(config.workload, config.seed, block_tokens=16)
@@ -307,12 +279,12 @@ def test_grow_each_allocates_as_one_call_each():
 
 
 def _plain_new_blocks(held: np.ndarray, context: np.ndarray, n: int, bt: int) -> list[tuple]:
-    """(step, index, nth) of each block started, a step at a time in batch order."""
+    """(step, index) of each block started, a step at a time in batch order."""
     holds, out = held.tolist(), []
     for step in range(n):
         for i, c in enumerate(context.tolist()):
             if c + step + 1 > holds[i] * bt:  # its next token starts a block
-                out.append((step, i, holds[i] - int(held[i])))
+                out.append((step, i))
                 holds[i] += 1
     return out
 
@@ -327,8 +299,8 @@ def test_new_blocks_are_the_step_by_step_order(seqs, n, bt):
     # each sequence: its context tokens, and blocks held beyond those its context fills
     context = np.array([c for c, _ in seqs], dtype=np.int64)
     held = -(-context // bt) + np.array([extra for _, extra in seqs], dtype=np.int64)
-    at, owner, nth = decoderun.new_blocks(held, context, n, bt)
-    got = list(zip(at.tolist(), owner.tolist(), nth.tolist(), strict=True))
+    at, owner = decoderun.new_blocks(held, context, n, bt)
+    got = list(zip(at.tolist(), owner.tolist(), strict=True))
     assert got == _plain_new_blocks(held, context, n, bt)
 
 
@@ -419,10 +391,12 @@ def _noting_the_clock(kv, name: str, log: list):
     return noted
 
 
-def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(pieces, monkeypatch):
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(planner, monkeypatch):
     """A request arriving during a 4,000-token prompt's 512-token chunks cannot join until
-    the last, shorter chunk: the chunks before it stay in the run, one scheduled step (the
-    last chunk with the newcomer's first) is priced on its own, and nothing changes."""
+    the last, shorter chunk: the chunks before it stay in the run, the newcomer joins the
+    last chunk's step, and nothing changes."""
+    _use(planner, monkeypatch)
     config = make_config("engine.max_batched_tokens=512")
     off = config.model_copy(
         update={"engine": config.engine.model_copy(update={"decode_runs": False})}
@@ -430,13 +404,6 @@ def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(pieces, monk
     _, alone = _run_with(off, _requests([0.0], 4000, 5))
     second = float(alone.timeline["time_s"].iloc[1]) / 2  # during the first chunk
     requests = _requests([0.0, second], 4000, 5)
-    scheduled: list[int] = []
-    step = decoderun.DecodeRuns._scheduled_step
-    monkeypatch.setattr(
-        decoderun.DecodeRuns,
-        "_scheduled_step",
-        lambda self, kind, log: scheduled.append(log.steps) or step(self, kind, log),
-    )
     _, a = _run_with(off, requests)
     engine, b = _run_with(config, requests)
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
@@ -444,7 +411,7 @@ def test_an_arrival_waits_in_a_run_while_a_prefill_takes_the_budget(pieces, monk
     joined = int(np.argmax(b.timeline["batch_size"].to_numpy() == 2))
     assert joined == 4000 // 512  # 7 full chunks, then 416 tokens and the newcomer's 96
     assert b.timeline["step_tokens"].iloc[joined] == 512
-    assert len(scheduled) == 1 and engine.decode_runs.steps > joined
+    assert engine.decode_runs.steps > joined
 
 
 @pytest.mark.parametrize("planner", PLANNERS)

@@ -37,27 +37,31 @@ def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardwar
         f"model={model}", f"hardware={hardware}", workload=synthetic(20, 300, 50, 5.0)
     )
     engine = _engine(config)
-    assert steprun.applies(engine) and engine.decode_runs.planner is not None
+    assert steprun.exact(engine) and engine.decode_runs.planner is not None
     result = engine.run()
     assert engine.decode_runs.steps > len(result.timeline) // 2
 
 
+@pytest.mark.parametrize("why", ["prefix caching", "no runs"])
+def test_runs_with_prefix_caching_are_planned_in_pieces(why):
+    """Prefix caching (cached blocks, evictions) leaves the runs to sim/decoderun.py."""
+    if why == "prefix caching":
+        config = make_config(workload=synthetic(20, 300, 50, 5.0, shared=64))
+    else:
+        config = make_config("engine.decode_runs=false", workload=synthetic(5, 100, 10))
+    engine = _engine(config)
+    assert not steprun.applies(engine) or why == "no runs"
+    assert engine.decode_runs.planner is None
+
+
 @pytest.mark.parametrize(
     "why",
-    [
-        "prefix caching",
-        "measured tables",
-        "inexact byte count",
-        "odd FLOP count",
-        "sums past 2**53",
-        "no runs",
-    ],
+    ["measured tables", "inexact byte count", "odd FLOP count", "sums past 2**53"],
 )
-def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
-    """Prefix caching (cached blocks, evictions), a cost model other than the roofline, or
-    attention sums that could be inexact (a per-token KV size that is not a whole number of
-    bytes, an odd FLOP count per pair, sums past 2**53: float sums whose order matters)
-    leave the runs to sim/decoderun.py's pieces."""
+def test_steps_are_priced_by_the_cost_model_where_sums_could_be_inexact(why, tmp_path):
+    """A cost model other than the roofline, or attention sums that could be inexact (a
+    per-token KV size that is not a whole number of bytes, an odd FLOP count per pair, sums
+    past 2**53: float sums whose order matters) price each step with the cost model's call."""
     if why == "measured tables":
         hardware = {
             "profile": "cpu-host",
@@ -65,10 +69,6 @@ def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
             "cost_table": tiny_table(tmp_path),
         }
         config = build_config(run_config(TINY, hardware, num_requests=5, output_tokens=10), "<t>")
-    elif why == "prefix caching":
-        config = make_config(workload=synthetic(20, 300, 50, 5.0, shared=64))
-    elif why == "no runs":
-        config = make_config("engine.decode_runs=false", workload=synthetic(5, 100, 10))
     else:
         config = make_config(workload=synthetic(5, 100, 10))
     engine = _engine(config)
@@ -78,10 +78,9 @@ def test_the_pieces_plan_where_a_step_at_a_time_could_be_inexact(why, tmp_path):
         engine.cost.attention_flops_per_pair = 8191.0
     elif why == "sums past 2**53":  # a whole pool's context times the bytes of a token
         engine.cost.kv_bytes_per_token_layer = float(2**53 // engine.kv.home.capacity)
-    if why != "no runs":
-        assert not steprun.applies(engine)
-    if why in ("measured tables", "prefix caching", "no runs"):  # as the engine builds it
-        assert engine.decode_runs.planner is None
+    assert steprun.applies(engine) and not steprun.exact(engine)
+    if why == "measured tables":  # as the engine builds it
+        assert engine.decode_runs.planner is not None and not engine.decode_runs.planner.exact
 
 
 @st.composite
