@@ -480,3 +480,32 @@ def test_a_last_chunk_of_one_token_beside_a_decoder_is_priced_as_the_loop_prices
     both = b.timeline[b.timeline["batch_size"] == 2]
     assert both["prefill_tokens"].head(3).tolist() == [511, 511, 1]
     assert engine.decode_runs.steps > 0
+
+
+def test_runs_leave_every_full_block_registered(monkeypatch):
+    """With prefix caching, a block that fills during a run is findable when the run ends,
+    as after the normal loop's steps (an arrival's lookup right after may hit it): every
+    running request has registered its full hashed blocks (runs cut short, so that they
+    end while requests decode)."""
+    workload = {
+        "kind": "multi_turn", "num_sessions": 12,
+        "session_arrival": {"kind": "poisson", "rate": 4.0},
+        "turns": 3, "think_time": {"kind": "exponential", "mean": "0.2s"}, "user_tokens": 64,
+        "output_tokens": {"kind": "uniform", "min": 20, "max": 200}, "system_prompt_tokens": 128,
+    }  # fmt: skip
+    config = make_config(workload=workload)
+    checked = []
+    write = decoderun._RunLog.write
+
+    def checking(log, engine):
+        kv, s = engine.kv, engine.scheduler
+        ids = s.running
+        full = np.minimum(s.computed[ids] // kv.bt, kv.hashed_blocks[ids])
+        assert (kv.registered[ids] == full).all()
+        checked.append(len(ids))
+        write(log, engine)
+
+    monkeypatch.setattr(decoderun._RunLog, "write", checking)
+    monkeypatch.setattr(decoderun, "MAX_RUN_STEPS", 3)  # runs end while requests decode
+    engine, _ = _run(config)
+    assert engine.kv.prefix and engine.kv.hashes is not None and sum(checked) > 0
