@@ -339,7 +339,7 @@ class CostModel:
         return StepCost(
             linear_s=self.linear_time(int(np.sum(new_tokens)), sampled),
             attention_s=self.attention_time(new_tokens, context),
-            overhead_s=self._overhead(),
+            overhead_s=self.overhead_s,
         )
 
     def decode_steps(self, context: np.ndarray, steps: int) -> tuple[float, np.ndarray, float]:
@@ -359,7 +359,7 @@ class CostModel:
         return (
             self.linear_time(n, n),
             self._decode_kernels(context, steps) + latency,
-            self._overhead(),
+            self.overhead_s,
         )
 
     @property
@@ -370,7 +370,7 @@ class CostModel:
     @property
     def overhead_s(self) -> float:
         """The fixed time of every step."""
-        return self._overhead()
+        return self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s
 
     def _vectorised(self) -> bool:
         """Whether attention is this roofline (a step's sums can be rows of one array)."""
@@ -385,9 +385,6 @@ class CostModel:
             return reads
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)
         return np.maximum(flops / p.attention_flops, reads)
-
-    def _overhead(self) -> float:
-        return self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s
 
     def prefill_time(self, prompt_tokens: int, cached: int = 0) -> float:
         """One sequence's prefill (one chunk, ``cached`` tokens already in KV)."""

@@ -170,21 +170,10 @@ class DecodeRuns:
         """End a scheduled step at ``end``: deliver what arrives during it, then complete
         ``batch``."""
         e = self.engine
-        self._deliver(log, [end])
+        log.deliver(e, [end])
         e.kv.planned_s = end
         e.scheduler.complete(batch, end)
         log.snapshot(e)
-
-    def _deliver(self, log: _RunLog, ends: list[float]) -> None:
-        """Steps ending at ``ends`` were taken: hand over the requests delivered during the
-        last of them, and note how many wait after each."""
-        e = self.engine
-        before = len(e.scheduler.waiting)
-        log.delivered += e.deliver_before(ends[-1])
-        log.ends += ends
-        log.waiting += [before] * (len(ends) - 1) + [len(e.scheduler.waiting)]
-        if e.next_arrival_s == ends[-1]:  # delivered exactly at the step's end
-            log.last = log.tied = True  # SimPy's event order decides: the run's last step
 
     # --- decodes ------------------------------------------------------------------------------
 
@@ -220,7 +209,7 @@ class DecodeRuns:
         self._allocate(ids, context, ids[owner], counts[:taken], times[:taken], log)
         log.add_decodes(context, linear, attention[:taken], overhead, e)
         log.compute += compute[:taken].tolist()
-        self._deliver(log, times[1 : taken + 1].tolist())
+        log.deliver(e, times[1 : taken + 1].tolist())
         return taken
 
     def _allocate(
@@ -368,6 +357,18 @@ class _RunLog:
         self.prefill += prefill
         self.sampled += sampled
         self.activations += activations
+
+    def deliver(self, e: Engine, ends: list[float]) -> None:
+        """Steps ending at ``ends`` were taken: hand over the requests delivered during the
+        last of them, and note how many wait after each."""
+        waiting = e.scheduler.waiting
+        before = len(waiting)
+        if ends[-1] > e.next_arrival_s:
+            self.delivered += e.deliver_before(ends[-1])
+        self.ends += ends
+        self.waiting += [before] * (len(ends) - 1) + [len(waiting)]
+        if e.next_arrival_s == ends[-1]:  # delivered exactly at the step's end
+            self.last = self.tied = True  # SimPy's event order decides: the run's last step
 
     def snapshot(self, e: Engine, replace: bool = False) -> None:
         """The running count and HBM blocks after a step (``replace``: the last step's)."""

@@ -117,8 +117,7 @@ class StepPlanner:
             g and p + g - c == 1
             for c, g, p in zip(self.computed, self.generated, self.prompt, strict=True)
         )
-        self.arrival = e.next_arrival_s
-        if self.arrival <= log.now:  # delivered now, after or before this: SimPy's order decides
+        if e.next_arrival_s <= log.now:  # delivered now, before or after: SimPy's order decides
             log.last = True
         while self.ids and not log.last and log.steps < self.limit:
             if not (self._decodes(log) or self._step(log)):
@@ -264,7 +263,7 @@ class StepPlanner:
         log.activations.append(e.cost.activation_bytes(total, sampled))
         log.reads.append(reads)
         log.hits.append(NO_HITS)
-        self._arrive(log, end)
+        log.deliver(e, [end])
         done, decoding = [], True
         for i, n in enumerate(tokens):
             c, g, p = computed[i] + n, generated[i], prompt[i]
@@ -289,17 +288,6 @@ class StepPlanner:
         if self.reads_bound:
             return reads
         return max(spans * self.flops * self.layers / self.peak, reads)
-
-    def _arrive(self, log: _RunLog, end: float) -> None:
-        """A step ends at ``end``: hand over the requests delivered during it."""
-        log.ends.append(end)
-        e = self.e
-        if end > self.arrival:
-            log.delivered += e.deliver_before(end)
-            self.arrival = e.next_arrival_s
-        if end == self.arrival:  # SimPy's event order decides: the run's last step
-            log.last = log.tied = True
-        log.waiting.append(len(e.scheduler.waiting))
 
     def _release(self, done: list[int], end: float) -> None:
         """The requests at ``done`` (indices, in batch order) finished at ``end``."""
@@ -370,12 +358,12 @@ class StepPlanner:
         spans, growth, full = self._spans()
         reads = sum(held)
         linear, overhead, latency = self.e.cost.linear_time(n, n), self.overhead, self.latency
-        ends, compute_at, attention_at = log.ends, log.compute.append, log.attention.append
+        compute_at, attention_at = log.compute.append, log.attention.append
         reads_at, resident_at = log.reads.append, log.resident.append
         exact, ones, contexts = self.exact, None, None
         if not exact:  # each step's attention is the cost model's call
             ones, contexts = np.ones(n, dtype=np.int64), np.array(self.computed)
-        now, taken, arrived = log.now, 0, False
+        arrival, ends, now, taken = self.e.next_arrival_s, [], log.now, 0
         while taken < steps:
             new = due[taken % bt]
             if len(new) > self.available:
@@ -398,14 +386,11 @@ class StepPlanner:
             taken += 1
             if full:  # sequences whose attention reaches the window from this step on
                 growth -= full.get(taken, 0)
-            if now >= self.arrival:
-                arrived = True
-                break
             ends.append(now)
-        waiting = len(self.e.scheduler.waiting)
-        log.waiting += [waiting] * (taken - arrived)
-        if arrived:
-            self._arrive(log, now)
+            if now >= arrival:  # the step a request arrives in is the last
+                break
+        if ends:
+            log.deliver(self.e, ends)
         return taken
 
     def _spans(self) -> tuple[int, int, dict[int, int]]:
