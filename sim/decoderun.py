@@ -65,8 +65,8 @@ class DecodeRuns:
             and not config.engine.check
         )
         # without prefix caching, a step at a time in plain Python (sim/steprun.py)
-        exact = self.enabled and steprun.applies(engine)
-        self.planner = steprun.StepPlanner(engine, MAX_RUN_STEPS) if exact else None
+        by_step = self.enabled and steprun.applies(engine)
+        self.planner = steprun.StepPlanner(engine, MAX_RUN_STEPS) if by_step else None
 
     def ready(self) -> bool:
         """Whether a run can start now."""
