@@ -9,6 +9,9 @@ After each step (once its timeline row is recorded):
   within the usable HBM (``gpu_memory_utilization`` x capacity);
 - every block's reference count equals the number of requests holding it, a held block is
   in some tier, and no block in use is evictable (:meth:`KvManager.check`);
+- a running request's blocks are in its home tier (HBM; DRAM in ``dram_centric``), a
+  swapped-out request's in DRAM (and in HBM only while a request there shares them), and
+  each block counts the swapped-out requests holding it;
 - a block holds a prefix hash exactly while the prefix index maps that hash to it (prefix
   lookups rely on it);
 - every link conserves bytes: delivered + in flight = submitted (in flight: transfers on
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from sim.blocks import HBM
+from sim.blocks import DRAM, HBM
 from sim.errors import KvsimError
 from sim.scheduler import FINISHED, REJECTED
 
@@ -141,6 +144,7 @@ class Invariants:
         homeless = np.flatnonzero((refs > 0) & ~t.where[:, :n].any(axis=0))
         if len(homeless):
             self.fail("a block in use is in no tier", f"block {int(homeless[0])}")
+        self.check_places()
         self.check_index()
         for tier in kv.tiers:
             evictable = np.fromiter(tier.evictable, dtype=np.int64, count=len(tier.evictable))
@@ -149,6 +153,33 @@ class Invariants:
             if tier is kv.home and (t.ref[evictable] > 0).any():
                 b = int(evictable[t.ref[evictable] > 0][0])
                 self.fail(f"tier {tier.name}: a block in use is evictable", f"block {b}")
+
+    def check_places(self) -> None:
+        """Running requests' blocks are at home, swapped-out ones' in DRAM (and counted)."""
+        kv, where = self.engine.kv, self.engine.kv.table.where
+        running = self.engine.scheduler.running.tolist()
+        flat = itertools.chain.from_iterable(kv.blocks[rid] for rid in running)
+        away = np.flatnonzero(~where[kv.home.index, np.fromiter(flat, np.int64)])
+        if len(away):
+            rid = next(r for r in running if not where[kv.home.index, kv.blocks[r]].all())
+            self.fail(f"a running request's block is not in {kv.home.name}", f"request #{rid}")
+        holds: dict[int, int] = {}
+        for rid in kv.swapped:
+            for b in kv.blocks[rid]:
+                holds[b] = holds.get(b, 0) + 1
+                if not where[DRAM, b]:
+                    self.fail(
+                        "a swapped-out request's block is not in DRAM", f"request #{rid}: block {b}"
+                    )
+        hbm = self.engine.kv.tiers[HBM]
+        left = [b for b, n in holds.items() if kv.table.ref[b] == n and where[HBM, b]]
+        if hbm is kv.home and left:
+            self.fail("a block only swapped-out requests hold is in HBM", f"block {left[0]}")
+        if holds != kv.swap_holds:
+            wrong = sorted(set(holds.items()) ^ set(kv.swap_holds.items()))[0]
+            self.fail(
+                "swapped-out holders miscounted", f"block {wrong[0]}: {wrong[1]} on one side only"
+            )
 
     def check_index(self) -> None:
         """The prefix index maps each hash to the one block that holds it, and back."""

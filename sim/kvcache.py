@@ -141,6 +141,7 @@ class KvManager:
         self.held = np.zeros(n, dtype=np.int64)
         self.registered = np.zeros(n, dtype=np.int64)
         self.swapped: set[int] = set()
+        self.swap_holds: dict[int, int] = {}  # block -> swapped-out requests holding it
         self.blocking: list[simpy.Event] = []
         self.counters = Counters()
         self.on_loaded = lambda rid: None
@@ -255,9 +256,19 @@ class KvManager:
                 self._keep_cached(dead[start:end], now)
             else:
                 self._forget_many(dead[start:end])
+        if self.swap_holds:
+            self._leave_hbm(blocks[t.ref[blocks] > 0])
         self.blocks[rid] = []
         self.held[rid] = 0
         self.registered[rid] = 0
+
+    def _leave_hbm(self, blocks: np.ndarray) -> None:
+        """Blocks (in use) that only swapped-out requests hold now leave HBM: they have their
+        DRAM copies, and come back with them (vLLM frees a GPU block at its last reference)."""
+        t, hbm, holds = self.table, self.tiers[HBM], self.swap_holds
+        for b in blocks.tolist():
+            if t.where[HBM, b] and t.ref[b] == holds.get(b, 0):
+                hbm.remove(b)
 
     def _release_unshared(self, rid: int) -> None:
         """:meth:`release` without prefix caching: drop the dead blocks, tail first, at once."""
@@ -424,35 +435,63 @@ class KvManager:
 
     def preempt(self, rid: int, swap: bool) -> bool:
         """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped."""
-        dram = self.tiers[DRAM]
-        if swap and self.mode != "dram_centric" and dram.available >= len(self.blocks[rid]):
-            moving = [b for b in self.blocks[rid] if not self.table.where[DRAM, b]]
-            self._make_room(dram, len(moving))
-            now = self.now
-            for b in self.blocks[rid]:
-                self.tiers[HBM].remove(b)
-                if self.table.where[DRAM, b]:
-                    dram.pin(b)
-                else:
-                    dram.add(b, now, evictable=False)
-            self.blocking.append(self.links.d2h.transfer(len(moving) * dram.block_bytes))
-            self.swapped.add(rid)
-            self.counters.swaps += 1
+        if swap and self.mode != "dram_centric" and self._swap_out(rid):
             return True
         self.release(rid)
         return False
 
-    def swap_in(self, rid: int) -> None:
-        """Bring a swapped request's blocks back to HBM (the step waits for the copy)."""
+    def _swap_out(self, rid: int) -> bool:
+        """Copy ``rid``'s blocks to DRAM and free them in HBM, if DRAM can take them.
+
+        A block that another request still uses in HBM (a shared prefix) stays there: as
+        vLLM's swap-out, the swapped request takes a DRAM copy of every block, and a GPU block
+        is freed at its last reference only. Its blocks already in DRAM (written through) are
+        pinned before room is made for the others, so that no eviction takes them.
+        """
+        dram, hbm, t = self.tiers[DRAM], self.tiers[HBM], self.table
         blocks = self.blocks[rid]
-        self._make_room(self.home, len(blocks))
-        now = self.now
-        dram = self.tiers[DRAM]
+        there = t.where[DRAM, blocks]
+        moving = [b for b, x in zip(blocks, there.tolist(), strict=True) if not x]
+        copies = np.asarray(blocks)[there].tolist()
+        if dram.available - sum(b in dram.evictable for b in copies) < len(moving):
+            return False
+        dram.pin_many(copies)
+        self._make_room(dram, len(moving))
+        now, holds = self.now, self.swap_holds
         for b in blocks:
-            dram.remove(b)
-            self.home.add(b, now, evictable=False)
-        self.blocking.append(self.links.h2d.transfer(len(blocks) * dram.block_bytes))
+            if t.ref[b] - 1 == holds.get(b, 0) and t.where[HBM, b]:  # nobody else in HBM
+                hbm.remove(b)
+            if not t.where[DRAM, b]:
+                dram.add(b, now, evictable=False)
+            holds[b] = holds.get(b, 0) + 1
+        self.blocking.append(self.links.d2h.transfer(len(moving) * dram.block_bytes))
+        self.swapped.add(rid)
+        self.counters.swaps += 1
+        return True
+
+    def swap_in(self, rid: int) -> None:
+        """Bring a swapped request's blocks back to HBM (the step waits for the copy). A block
+        still in HBM (shared with a request there) needs no copy; a block another swapped-out
+        request holds keeps its DRAM copy."""
+        blocks, t, holds = self.blocks[rid], self.table, self.swap_holds
+        coming = self.swap_in_blocks(rid)
+        self._make_room(self.home, coming)
+        now, dram = self.now, self.tiers[DRAM]
+        for b in blocks:
+            holds[b] -= 1
+            if not holds[b]:
+                del holds[b]
+                dram.remove(b)
+            if not t.where[HBM, b]:  # (one there is in use by another request: pinned)
+                self.home.add(b, now, evictable=False)
+        self.blocking.append(self.links.h2d.transfer(coming * dram.block_bytes))
         self.swapped.discard(rid)
+
+    def swap_in_blocks(self, rid: int) -> int:
+        """Blocks of swapped-out ``rid`` that :meth:`swap_in` copies (those not in HBM)."""
+        return len(self.blocks[rid]) - int(
+            np.count_nonzero(self.table.where[HBM, self.blocks[rid]])
+        )
 
     # --- prefix hits ----------------------------------------------------------------------
 

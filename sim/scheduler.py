@@ -216,7 +216,7 @@ class Scheduler:
         kv = self.kv
         if rid in kv.swapped:
             n = min(int(self._remaining(np.array([rid]))[0]), budget)
-            if len(kv.blocks[rid]) + kv.need(rid, int(self.computed[rid]) + n) > kv.available:
+            if kv.swap_in_blocks(rid) + kv.need(rid, int(self.computed[rid]) + n) > kv.available:
                 return None
             kv.swap_in(rid)
             kv.allocate(rid, int(self.computed[rid]) + n)

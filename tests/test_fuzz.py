@@ -186,12 +186,37 @@ def stressed(mode: str, **engine: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def shared_swap() -> dict[str, Any]:
+    """16 requests sharing a 4-block prefix, swapped out of a 64-block pool."""
+    data = stressed("hbm", preemption="swap", chunked_prefill=False, block_tokens=8,
+                    kv_pool_blocks=64)  # fmt: skip
+    data["workload"].update(prompt_tokens=50, output_tokens=48, shared_prefix_tokens=32)
+    data["kv"] = {"mode": "hbm", "prefix_caching": True}
+    return data
+
+
+def shared_swap_multi_turn() -> dict[str, Any]:
+    """4 sessions sharing a 10-block system prompt, swapped out of a 24-block pool."""
+    data = stressed("hbm", preemption="swap", block_tokens=32, kv_pool_blocks=24)
+    data["workload"] = {
+        "kind": "multi_turn", "num_sessions": 4, "session_arrival": {"kind": "all_at_once"},
+        "turns": 1, "think_time": 0.0, "user_tokens": 200, "output_tokens": 24,
+        "system_prompt_tokens": 300,
+    }  # fmt: skip
+    data["kv"] = {"mode": "hbm", "prefix_caching": True}
+    return data
+
+
 @budget(ci_examples=100)
 @given(configs())
 # found by this test: staging buffers larger than the HBM left put HBM above capacity
 @example(stressed("dram_centric", max_batched_tokens=512))
 @example(stressed("hbm", preemption="swap"))
 @example(stressed("offload", preemption="recompute"))
+# found by this test: swapping out a request took the prefix it shared out of HBM
+@example(shared_swap())
+# and a shared system prompt kept in HBM for swapped-out requests alone filled the pool
+@example(shared_swap_multi_turn())
 def test_random_runs_keep_every_invariant(data):
     result = run(data)  # engine.check: a broken invariant raises
     requests = result.requests

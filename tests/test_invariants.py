@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from experiments import store
-from sim.blocks import HBM
+from sim.blocks import DRAM, HBM
 from sim.cli import main
 from sim.engine import Engine
 from sim.invariants import InvariantViolation
@@ -68,9 +68,24 @@ def phantom_index_entry(eng: Engine) -> None:
     eng.kv.table.index[12345] = first_running_block(eng)  # a hash its block does not hold
 
 
+def running_block_to_dram(eng: Engine) -> None:
+    """A running request's block moves from HBM to DRAM, each tier counting it right."""
+    rid = eng.scheduler.running[0]
+    b = eng.kv.blocks[rid][0]
+    eng.kv.table.where[HBM, b], eng.kv.table.where[DRAM, b] = False, True
+    eng.kv.tiers[HBM].resident -= 1
+    eng.kv.tiers[DRAM].resident += 1
+
+
+def phantom_swap_hold(eng: Engine) -> None:
+    eng.kv.swap_holds[first_running_block(eng)] = 1  # no request is swapped out
+
+
 @pytest.mark.parametrize(
     ("damage", "fragments"),
     [
+        (running_block_to_dram, ["a running request's block is not in hbm", "request #"]),
+        (phantom_swap_hold, ["swapped-out holders miscounted", "on one side only"]),
         (bump_ref, ["block reference counts do not match their owners", "ref 2, held by 1"]),
         (shrink_hbm, ["tier hbm above capacity", "capacity 0"]),
         (miscount_hbm, ["tier hbm miscounts its blocks", "block table"]),
