@@ -159,8 +159,7 @@ class Invariants:
         kv, where = self.engine.kv, self.engine.kv.table.where
         running = self.engine.scheduler.running.tolist()
         flat = itertools.chain.from_iterable(kv.blocks[rid] for rid in running)
-        away = np.flatnonzero(~where[kv.home.index, np.fromiter(flat, np.int64)])
-        if len(away):
+        if not where[kv.home.index, np.fromiter(flat, np.int64)].all():
             rid = next(r for r in running if not where[kv.home.index, kv.blocks[r]].all())
             self.fail(f"a running request's block is not in {kv.home.name}", f"request #{rid}")
         holds: dict[int, int] = {}
@@ -171,9 +170,8 @@ class Invariants:
                     self.fail(
                         "a swapped-out request's block is not in DRAM", f"request #{rid}: block {b}"
                     )
-        hbm = self.engine.kv.tiers[HBM]
         left = [b for b, n in holds.items() if kv.table.ref[b] == n and where[HBM, b]]
-        if hbm is kv.home and left:
+        if kv.home is kv.tiers[HBM] and left:
             self.fail("a block only swapped-out requests hold is in HBM", f"block {left[0]}")
         if holds != kv.swap_holds:
             wrong = sorted(set(holds.items()) ^ set(kv.swap_holds.items()))[0]
