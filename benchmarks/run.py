@@ -167,7 +167,7 @@ def _peak_rss_bytes() -> int:
 
 def _run_engine(config_data: dict) -> dict:
     from sim.config import build_config
-    from sim.engine import Engine
+    from sim.instance.instance import Engine
     from sim.workload import build_requests
     from sim.workload.trace import traces_root
 
@@ -246,7 +246,7 @@ def _profiler() -> Profiler:
     in the report)."""
     from pyinstrument import Profiler
 
-    for module in ("sim.engine", "sim.replay"):
+    for module in ("sim.instance.instance", "sim.replay"):
         importlib.import_module(module)
     return Profiler(interval=0.001)
 

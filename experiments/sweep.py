@@ -98,8 +98,8 @@ def with_checks(sweep: Sweep) -> Sweep:
 
 def check_fits(config: RunConfig) -> None:
     """Raise the engine's ConfigError when the model leaves no HBM for KV (as start-up would)."""
-    from sim.costmodel import CostModel, CostParams
-    from sim.memory import plan_hbm
+    from sim.cost.roofline import CostModel, CostParams
+    from sim.memory.hbm_plan import plan_hbm
 
     cost = CostModel(config.model, CostParams.from_hardware(config.hardware), config.kv_dtype_bytes)
     plan_hbm(config, cost)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from experiments import store
 from sim.config.run import RunConfig
-from sim.engine import RunResult, simulate
+from sim.instance.instance import RunResult, simulate
 from sim.errors import KvsimError
 from sim.rundir import write_run
 

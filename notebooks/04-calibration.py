@@ -37,7 +37,7 @@ import yaml
 from sim.cli import main
 from sim.config import load_hardware
 from sim.config.hardware import HardwareSpec
-from sim.costmodel import CostParams, gemm_seconds
+from sim.cost.roofline import CostParams, gemm_seconds
 
 
 def kvsim(command: str) -> None:
@@ -69,7 +69,7 @@ pd.DataFrame(
 # ## 2. The fit against the measurements
 #
 # The raw timings are in `cpu-calibrated.measurements.csv`. For the GEMMs: the fitted
-# model's prediction (`sim.costmodel.gemm_seconds`, the very function the simulator uses)
+# model's prediction (`sim.cost.roofline.gemm_seconds`, the very function the simulator uses)
 # against each measured time, by projection.
 
 # %%

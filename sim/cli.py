@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from sim.errors import KvsimError
-from sim.invariants import InvariantViolation
+from sim.observe.invariants import InvariantViolation
 
 BUILTIN_COMMANDS = ("sim.commands.run", "sim.commands.replay", "sim.commands.trace")
 EXIT_USAGE = 2  # a bad input: config, trace, sweep file, output folder

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from sim.config.loader import dump_config
-from sim.engine import RunResult
+from sim.instance.instance import RunResult
 from sim.errors import KvsimError
 
 RUN_FILES = ("config.resolved.yaml", "summary.json", "requests.parquet", "timeline.parquet")

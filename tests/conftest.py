@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sim.config import ModelSpec, RunConfig, build_config
-from sim.costmodel import CostParams
+from sim.cost.roofline import CostParams
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.access
-from sim.access import AccessModel
+import sim.kv.access
+from sim.kv.access import AccessModel
 from sim.config.kv import FullAccess, SparseAccess
-from sim.engine import simulate
+from sim.instance.instance import simulate
 from tests.conftest import make_config
 
 
@@ -154,7 +154,7 @@ def test_skewed_scores_starve_the_threshold():
 
 
 def test_more_draws_than_the_first_buffer(monkeypatch):
-    monkeypatch.setattr(sim.access, "_first_draws", lambda tests, drift: 1)
+    monkeypatch.setattr(sim.kv.access, "_first_draws", lambda tests, drift: 1)
     rng = np.random.default_rng(11)
     seqs, heat = shared_batch(rng, n_seqs=9, prefix=120)
     for drift in (0.05, 0.9):
@@ -192,7 +192,7 @@ def test_scores_past_the_first_buffer(monkeypatch, spare):
     seqs, heat = shared_batch(np.random.default_rng(21), n_seqs=4, prefix=100)
     spec = sparse(sink_blocks=1, window_blocks=4, topk_blocks=10, drift=0.5)
     tests = len(seqs[0]) - 5  # the first middle's
-    monkeypatch.setattr(sim.access, "_first_draws", lambda _, __: tests + spare)
+    monkeypatch.setattr(sim.kv.access, "_first_draws", lambda _, __: tests + spare)
     assert_same(spec, seqs, heat)
 
 
@@ -303,7 +303,7 @@ def test_crowded_batch_equals_loop(case):
     spec, seqs, heat, first, seed = case
     with pytest.MonkeyPatch.context() as patch:
         if first is not None:
-            patch.setattr(sim.access, "_first_draws", lambda _, __: first)
+            patch.setattr(sim.kv.access, "_first_draws", lambda _, __: first)
         assert_same(spec, seqs, heat, np.random.default_rng(seed))
 
 
@@ -369,7 +369,7 @@ def test_mixed_k_and_a_short_threshold_in_one_batch():
 def test_step_read_sets_match_the_block_lists(monkeypatch):
     """``KvManager._read_sets`` on a sparse run: every read set is the sequence's block list
     up to its context (or its sparse pick, for a decode), and attended tokens follow."""
-    from sim.kvcache import KvManager
+    from sim.kv.manager import KvManager
 
     real_read, real_many = KvManager._read_sets, AccessModel.decode_blocks_many
     seen = {"steps": 0, "decodes": 0, "prefills": 0}

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.blocks import BlockTable
+from sim.memory.blocks import BlockTable
 
 # a script: ("new", owner, count) allocates count blocks; ("drop", i) drops the i-th live one
 _steps = st.lists(

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.kvcache
+import sim.kv.manager
 from policies.lru import LRU
 from policies.registry import make_eviction
 from policies.stamp_lru import StampLRU
-from sim.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
-from sim.engine import Engine
-from sim.kvcache import KvManager
-from sim.tiers import Tier
+from sim.memory.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
+from sim.instance.instance import Engine
+from sim.kv.manager import KvManager
+from sim.memory.tiers import Tier
 from sim.workload import build_requests
 from tests.conftest import make_config
 
@@ -473,7 +473,7 @@ TIGHT = [
 def few_victims(request, monkeypatch):
     """Demote even one victim in bulk (``0``), or only more than the default few."""
     if request.param is not None:
-        monkeypatch.setattr(sim.kvcache, "FEW_VICTIMS", request.param)
+        monkeypatch.setattr(sim.kv.manager, "FEW_VICTIMS", request.param)
 
 
 def _free_below(kvs: tuple[KvManager, KvManager], index: int, room: int) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.config import load_hardware, load_model
-from sim.costmodel import CostModel, CostParams
+from sim.cost.roofline import CostModel, CostParams
 
 
 def test_gemm_roofline_by_hand(cost_params, tiny_model):

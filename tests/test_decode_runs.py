@@ -1,4 +1,4 @@
-"""Runs (sim/decoderun.py) change nothing but speed: runs on and off give the same files,
+"""Runs (sim/instance/runs.py) change nothing but speed: runs on and off give the same files,
 their step costs are the cost model's, and they are taken where they should be."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import decoderun, steprun
+from sim.instance import runs as decoderun
+from sim.instance import step_planner as steprun
 from sim.config import build_config
-from sim.costmodel import CostModel, CostParams
-from sim.engine import Engine, delivery_times
-from sim.metrics import TIMELINE_COLUMNS, Timeline
+from sim.cost.roofline import CostModel, CostParams
+from sim.instance.instance import Engine, delivery_times
+from sim.observe.metrics import TIMELINE_COLUMNS, Timeline
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import make_config, synthetic
@@ -91,8 +92,8 @@ CASES = {
 }
 
 
-# sim/steprun.py without prefix caching (its own sums, or each step's attention_time call),
-# sim/decoderun.py's pieces with it (here also without)
+# sim/instance/step_planner.py without prefix caching (its own sums, or each step's attention_time call),
+# sim/instance/runs.py's pieces with it (here also without)
 PLANNERS = ["steps", "priced", "pieces"]
 
 
@@ -179,7 +180,7 @@ def test_one_request_alone_decodes_at_the_cost_model_times():
     prefill plus the cost model's decode step at each context, added up in order."""
     config = make_config(workload=synthetic(1, 1000, 200, 1.0))
     engine, result = _run(config)
-    assert engine.decode_runs.planner is not None  # a step at a time (sim/steprun.py)
+    assert engine.decode_runs.planner is not None  # a step at a time (sim/instance/step_planner.py)
     cost = engine.cost
     t = cost.prefill_time(1000)
     for context in range(1000, 1199):

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.lru import LRU
-from sim.blocks import BlockTable
-from sim.engine import Engine
-from sim.kvcache import KvManager
-from sim.tiers import Tier
+from sim.memory.blocks import BlockTable
+from sim.instance.instance import Engine
+from sim.kv.manager import KvManager
+from sim.memory.tiers import Tier
 from sim.workload import build_requests
 from tests.conftest import make_config
 from tests.test_bulk_paths import TIGHT, _engine, _loop, _multi_turn, kv_state, ref_evict

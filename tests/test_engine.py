@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.costmodel import CostModel, CostParams
-from sim.engine import Engine, simulate
-from sim.memory import plan_hbm
+from sim.cost.roofline import CostModel, CostParams
+from sim.instance.instance import Engine, simulate
+from sim.memory.hbm_plan import plan_hbm
 from sim.rundir import write_run
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config

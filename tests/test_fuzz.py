@@ -1,6 +1,6 @@
 """Property-based fuzzing of whole runs: random small configs in every mode and policy.
 
-Every run has ``engine.check: true``, so each step's invariants (sim/invariants.py) are
+Every run has ``engine.check: true``, so each step's invariants (sim/observe/invariants.py) are
 verified; a run must end without exception, the same seed must give identical results,
 and where physics says so the results are monotone.
 
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from experiments.sweep import check_fits
 from policies import AccessTrace, prefetch_names
 from sim.config import build_config
-from sim.engine import simulate
+from sim.instance.instance import simulate
 from sim.errors import ConfigError
 from sim.replay import replay_table
 

@@ -1,4 +1,4 @@
-"""Invariant checks (sim/invariants.py): a deliberately corrupted state is caught, clearly."""
+"""Invariant checks (sim/observe/invariants.py): a deliberately corrupted state is caught, clearly."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 import yaml
 
 from experiments import store
-from sim.blocks import DRAM, HBM
+from sim.memory.blocks import DRAM, HBM
 from sim.cli import main
-from sim.engine import Engine
-from sim.invariants import InvariantViolation
-from sim.kvcache import KvManager
-from sim.scheduler import Scheduler
+from sim.instance.instance import Engine
+from sim.observe.invariants import InvariantViolation
+from sim.kv.manager import KvManager
+from sim.instance.scheduler import Scheduler
 from sim.workload import build_requests
 from tests.conftest import BASE, make_config
 

@@ -1,4 +1,4 @@
-"""Small cases of the KV manager (sim/kvcache.py) checked by hand or against a plain
+"""Small cases of the KV manager (sim/kv/manager.py) checked by hand or against a plain
 reference: block counts, and the guards that choose its bulk paths."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.engine import Engine
-from sim.kvcache import _distinct
+from sim.instance.instance import Engine
+from sim.kv.manager import _distinct
 from sim.workload.requests import Requests
 from tests.conftest import make_config
 

@@ -5,7 +5,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.links import Link, chunk_efficiency
+from sim.memory.links import Link, chunk_efficiency
 
 BW = 50e9
 LAT = 10e-6

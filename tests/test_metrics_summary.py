@@ -1,9 +1,9 @@
-"""``sim.metrics`` request table and summary on a hand-built run with a rejected request."""
+"""``sim.observe.metrics`` request table and summary on a hand-built run with a rejected request."""
 
 import numpy as np
 import pytest
 
-from sim.metrics import Timeline, request_frame, summarize
+from sim.observe.metrics import Timeline, request_frame, summarize
 from sim.workload.requests import Requests
 
 NAN = float("nan")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from sim.config.loader import load_config
-from sim.engine import simulate
+from sim.instance.instance import simulate
 from sim.replay import CSV_COLUMNS
 from sim.rundir import write_run
 

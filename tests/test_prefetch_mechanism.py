@@ -1,4 +1,4 @@
-"""``sim.prefetch.Prefetcher`` on hand-built states: the bookkeeping the engine runs only hit
+"""``sim.kv.prefetch.Prefetcher`` on hand-built states: the bookkeeping the engine runs only hit
 in passing (hit marks, in-flight copies, the lookahead, the heat candidates, the budget, the
 two-hop SSD staging and the eviction pins), each against a hand-computed answer."""
 
@@ -9,11 +9,11 @@ import numpy as np
 import simpy
 
 from policies.base import PrefetchView
-from sim.access import AccessModel
-from sim.blocks import DRAM, HBM, SSD
+from sim.kv.access import AccessModel
+from sim.memory.blocks import DRAM, HBM, SSD
 from sim.config.kv import SparseAccess
-from sim.prefetch import Prefetcher
-from sim.scheduler import Batch
+from sim.kv.prefetch import Prefetcher
+from sim.instance.scheduler import Batch
 
 BB = 10  # bytes per block
 

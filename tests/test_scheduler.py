@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import Engine
-from sim.scheduler import RUNNING
+from sim.instance.instance import Engine
+from sim.instance.scheduler import RUNNING
 from sim.workload.requests import Requests
 from tests.conftest import make_config
 

@@ -1,4 +1,4 @@
-"""The step planner (sim/steprun.py): where it plans runs, and its prices are the cost model's.
+"""The step planner (sim/instance/step_planner.py): where it plans runs, and its prices are the cost model's.
 
 That its runs change nothing is tests/test_decode_runs.py's (every case with both planners).
 """
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from sim import steprun
+from sim.instance import step_planner as steprun
 from sim.config import build_config
-from sim.costmodel import CostModel
-from sim.engine import Engine
+from sim.cost.roofline import CostModel
+from sim.instance.instance import Engine
 from sim.workload import build_requests
 from tests.conftest import make_config, synthetic
 from tests.test_costtable import TINY, run_config, tiny_table
@@ -44,7 +44,7 @@ def test_runs_without_prefix_caching_are_planned_a_step_at_a_time(model, hardwar
 
 @pytest.mark.parametrize("why", ["prefix caching", "no runs"])
 def test_runs_with_prefix_caching_are_planned_in_pieces(why):
-    """Prefix caching (cached blocks, evictions) leaves the runs to sim/decoderun.py."""
+    """Prefix caching (cached blocks, evictions) leaves the runs to sim/instance/runs.py."""
     if why == "prefix caching":
         config = make_config(workload=synthetic(20, 300, 50, 5.0, shared=64))
     else:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine import Engine, layerwise_step_s, simulate
-from sim.kvcache import victims_kept_below
+from sim.instance.instance import Engine, layerwise_step_s, simulate
+from sim.kv.manager import victims_kept_below
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
@@ -404,8 +404,8 @@ def test_offload_eviction_cascades_keep_block_ids_and_tiers_honest(seed):
 
 def _tier_with(policy: str, capacity: int = 4):
     from policies.registry import make_eviction
-    from sim.blocks import BlockTable
-    from sim.tiers import Tier
+    from sim.memory.blocks import BlockTable
+    from sim.memory.tiers import Tier
 
     table = BlockTable()
     ids = [table.new(owner=0, position=i, heat=0.0) for i in range(capacity)]
@@ -454,8 +454,8 @@ def test_a_full_tier_refuses_another_block_and_stays_as_it_was():
     """``resident <= capacity`` is a tier's invariant: once full, every way of adding a
     block (one or many, evictable or in use) raises and leaves the tier unchanged."""
     from policies.registry import make_eviction
-    from sim.blocks import BlockTable
-    from sim.tiers import Tier
+    from sim.memory.blocks import BlockTable
+    from sim.memory.tiers import Tier
 
     table = BlockTable()
     ids = [table.new(owner=0, position=i, heat=0.0) for i in range(6)]

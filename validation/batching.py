@@ -1,4 +1,4 @@
-"""Continuous batching with the simulator's rules (``sim/scheduler.py``), for the mini-engine.
+"""Continuous batching with the simulator's rules (``sim/instance/scheduler.py``), for the mini-engine.
 
 Each step: running requests first, in admission order, each given the tokens it still
 needs until the token budget is spent; if the KV blocks do not suffice, the newest running

@@ -14,7 +14,7 @@ import yaml
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import profile_dir, read_yaml, validate
 from sim.errors import KvsimError
-from sim.optables import read_tables
+from sim.cost.optables import read_tables
 from validation.fit import DECODE_MAX_TOKENS, Residual
 from validation.opsfit import (
     OpsFit,

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from sim.config.hardware import Efficiency, HardwareSpec
-from sim.costmodel import CostModel, CostParams
+from sim.cost.roofline import CostModel, CostParams
 from sim.workload import build_requests
 from validation.calibrate import load_base
 from validation.calibrate import notes as table_notes
@@ -68,7 +68,7 @@ def fit_link(
     """Link latency and bandwidth from contiguous copies; per-block cost from gathered copies.
 
     On a GPU, pinned copies of ``direction``; on the CPU, host-to-host copies. A gathered copy
-    of n blocks of S bytes is modelled, as ``sim.links`` does, as ``latency + n (S + h) /
+    of n blocks of S bytes is modelled, as ``sim.memory.links`` does, as ``latency + n (S + h) /
     bandwidth``: ``h`` is the half-efficiency size.
     """
     copies = table[table.kind == "copy"]

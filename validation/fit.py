@@ -2,7 +2,7 @@
 
 Every fit minimises relative error (residuals in log time), because the measured times span
 five decades. The model equations are the cost model's own (``docs/cost-model.md``), in
-numpy form; ``tests/validation/test_fit.py`` checks they agree with ``sim.costmodel``.
+numpy form; ``tests/validation/test_fit.py`` checks they agree with ``sim.cost.roofline``.
 
 - :func:`fit_affine`: ``t = intercept + slope * x`` (a link: latency + bytes / bandwidth;
   decode attention: overhead + bytes / bandwidth; prefill attention: overhead + FLOPs / rate).

@@ -1,6 +1,6 @@
 """The mini-engine's paged KV memory: a fixed device pool, a host pool, real copies between.
 
-Modes (``kv.mode``, as the simulator names them, ``sim/kvcache.py``):
+Modes (``kv.mode``, as the simulator names them, ``sim/kv/manager.py``):
 
 - ``hbm``: every block lives in the device pool (PagedAttention); no host pool.
 - ``dram_centric``: a block's home is the host pool, which the scheduler allocates from;

@@ -1,7 +1,7 @@
 """Microbenchmarks on the device (``cuda`` or ``cpu``): copies, GEMMs, kernels, attention.
 
 Every operator timed is the one the mini-engine runs (``validation.torchmodel``), at the
-shapes of a model profile's layers. The result is a long table (``sim.optables``
+shapes of a model profile's layers. The result is a long table (``sim.cost.optables``
 columns plus ``bytes``, ``flops``, ``batch``, ``context``, ``direction``, ``pinned``,
 ``time_min_s``, ``time_p10_s``, ``time_p90_s``, ``repeats``, ``dtype``, ``device``,
 ``torch``, ``date``).
@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from sim.config.model import ModelSpec
-from sim.costmodel import CostModel, CostParams
-from sim.optables import KERNEL_KINDS
+from sim.cost.roofline import CostModel, CostParams
+from sim.cost.optables import KERNEL_KINDS
 from validation.kvpools import KvPools
 from validation.timing import Timing, measure, rotation
 from validation.torchmodel import (

@@ -3,7 +3,7 @@
 The fit is one model of shapes for all the table's models together: a GEMM's time depends
 on (tokens, fan_in, fan_out) only, a kernel's on (tokens, row bytes) only, so it predicts
 models it never saw. :func:`leave_one_model_out` checks exactly that, through the
-simulator's own cost model (``sim.costmodel``) built from the calibrated profile.
+simulator's own cost model (``sim.cost.roofline``) built from the calibrated profile.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from sim.config.hardware import Efficiency, HardwareSpec
-from sim.costmodel import CostParams, KernelParams, gemm_seconds, kernel_seconds
+from sim.cost.roofline import CostParams, KernelParams, gemm_seconds, kernel_seconds
 from sim.errors import KvsimError
-from sim.optables import KERNEL_KINDS
+from sim.cost.optables import KERNEL_KINDS
 from validation.fit import (
     DECODE_MAX_TOKENS,
     MIN_POINTS,
@@ -61,7 +61,7 @@ def fit_ops(table: pd.DataFrame, peaks: tuple[float, float, float]) -> OpsFit:
     """Fit the GEMM model and one kernel model per kind present in ``table``.
 
     Args:
-        table: long-format rows (``sim.optables``), one tensor-parallel degree.
+        table: long-format rows (``sim.cost.optables``), one tensor-parallel degree.
         peaks: (peak FLOP/s, peak memory bytes/s, bytes per element) of the device.
     """
     gemms = table[table.kind == "gemm"]

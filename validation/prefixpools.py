@@ -1,4 +1,4 @@
-"""The mini-engine's prefix cache: ``hbm`` and ``offload`` as ``sim/kvcache.py`` runs them.
+"""The mini-engine's prefix cache: ``hbm`` and ``offload`` as ``sim/kv/manager.py`` runs them.
 
 A block is a logical id with a device slot, a host slot, or both. Blocks hold KV of a
 request's tokens; a completed prompt block is registered under its prefix hash (first
@@ -13,7 +13,7 @@ writer wins) and, when its last user leaves, stays cached instead of being freed
   request waits for the load and then goes first in line, as in the simulator; the host
   copies it reads cannot be evicted until the load is done, then count as most recent.
 
-Every rule mirrors ``sim.kvcache.KvManager`` with the ``lru`` policy (the only one this
+Every rule mirrors ``sim.kv.manager.KvManager`` with the ``lru`` policy (the only one this
 supports): which blocks are hits, which are evicted, which bytes move. Numbers must not
 change when KV moves: the copies are whole blocks, all layers.
 """
@@ -29,7 +29,7 @@ import torch
 from sim.config.model import ModelSpec
 from validation.kvpools import KvPools
 
-HBM, DRAM = 0, 1  # tiers, numbered as sim.blocks numbers them
+HBM, DRAM = 0, 1  # tiers, numbered as sim.memory.blocks numbers them
 
 
 class PrefixPools(KvPools):
@@ -188,7 +188,7 @@ class PrefixPools(KvPools):
         full = min(computed // self.block_tokens, len(hashes), len(table))
         for i in range(self.registered.get(rid, 0), full):
             b, h = table[i], int(hashes[i])
-            if h != 0 and h not in self.index:  # 0: no hash (sim.blocks.NO_HASH)
+            if h != 0 and h not in self.index:  # 0: no hash (sim.memory.blocks.NO_HASH)
                 self.index[h] = b
                 self.hash_of[b] = h
             through = self.mode == "offload" and b in self.hash_of and b not in self.host_slot

@@ -24,8 +24,8 @@ import torch
 
 from sim.config.hardware import HardwareSpec
 from sim.config.run import RunConfig
-from sim.costmodel import cost_model_for
-from sim.engine import simulate
+from sim.cost.roofline import cost_model_for
+from sim.instance.instance import simulate
 from sim.errors import KvsimError
 from sim.workload import build_requests
 from validation.engine import EngineRun, MiniEngine

@@ -104,7 +104,7 @@ class HardwareSpec(Strict):
     """A hardware profile (``hardware_profiles/NAME.yaml``).
 
     ``cost_model``: ``roofline`` (the efficiency section's equations) or ``table``
-    (interpolation in the measured operator times of ``cost_table``, ``sim/costtable.py``).
+    (interpolation in the measured operator times of ``cost_table``, ``sim/cost/tables.py``).
     """
 
     name: str
@@ -132,7 +132,7 @@ class HardwareSpec(Strict):
     @classmethod
     def _table_exists(cls, path: str | None) -> str | None:
         if path is not None:
-            from sim.optables import resolve_table_path  # pandas: only when a table is named
+            from sim.cost.optables import resolve_table_path  # pandas: only when a table is named
 
             resolve_table_path(path)
         return path

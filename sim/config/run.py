@@ -27,8 +27,8 @@ class EngineConfig(Strict):
     layer_events: bool = False
     kv_heat: bool = False  # write kv_heat.parquet: per step, the blocks attention read
     kv_heat_interval_s: float = Field(0.0, ge=0)  # record a step at most this often (0 = all)
-    check: bool = False  # verify invariants after every step (sim/invariants.py)
-    decode_runs: bool = True  # take steps that need no clock at once (sim/decoderun.py)
+    check: bool = False  # verify invariants after every step (sim/observe/invariants.py)
+    decode_runs: bool = True  # take steps that need no clock at once (sim/instance/runs.py)
 
 
 class RunConfig(Strict):
@@ -53,7 +53,7 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _cost_table_covers_the_model(self) -> RunConfig:
         if self.hardware.cost_model == "table":  # refused here, not at the first step
-            from sim.costtable import operator_table
+            from sim.cost.tables import operator_table
 
             operator_table(self.model, self.hardware)
         return self

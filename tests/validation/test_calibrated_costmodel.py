@@ -15,7 +15,7 @@ import yaml
 from sim.config import load_hardware, load_model
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import load_profile, validate
-from sim.costmodel import CostModel, CostParams, KernelParams, KernelSet, kernel_seconds
+from sim.cost.roofline import CostModel, CostParams, KernelParams, KernelSet, kernel_seconds
 from sim.errors import ConfigError
 
 LATENCY_ONLY = KernelSet(  # no per-row term, streaming at half of 2 TB/s, hard max

@@ -13,7 +13,7 @@ from sim.cli import main  # noqa: E402
 from sim.config.hardware import HardwareSpec  # noqa: E402
 from sim.config.loader import read_yaml, validate  # noqa: E402
 from sim.config.model import ModelSpec  # noqa: E402
-from sim.optables import LONG_COLUMNS  # noqa: E402
+from sim.cost.optables import LONG_COLUMNS  # noqa: E402
 from validation.microbench import (  # noqa: E402  # noqa: E402
     Bench,
     Plan,

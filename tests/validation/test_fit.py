@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.costmodel import KernelParams, gemm_seconds, kernel_seconds
+from sim.cost.roofline import KernelParams, gemm_seconds, kernel_seconds
 from sim.errors import KvsimError
 from validation.fit import (
     fit_affine,

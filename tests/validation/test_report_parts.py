@@ -53,7 +53,7 @@ def test_measured_steps_take_median_or_minimum_per_step():
 
 def test_replay_adds_link_time_to_the_cost_model():
     pytest.importorskip("torch")
-    from sim.costmodel import CostModel, CostParams
+    from sim.cost.roofline import CostModel, CostParams
     from validation.report import replay
     from validation.scenario import scenario_config
 
@@ -86,7 +86,7 @@ def test_set_value_replaces_or_adds_a_key():
 
 def test_sim_and_the_cli_never_import_torch():
     code = (
-        "import sys; import sim.cli, sim.engine, sim.costmodel, validation.commands, "
+        "import sys; import sim.cli, sim.instance.instance, sim.cost.roofline, validation.commands, "
         "validation.opsfit, validation.calibrate; sim.cli.build_parser(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from sim.errors import KvsimError
-from sim.optables import read_tables, vidur_to_long
+from sim.cost.optables import read_tables, vidur_to_long
 
 OPS = (
     "emb",

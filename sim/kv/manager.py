@@ -24,13 +24,13 @@ import simpy
 from policies.lru import LRU
 from policies.registry import make_eviction
 from policies.stamp_lru import StampLRU
-from sim.access import AccessModel
-from sim.blocks import DRAM, HBM, SSD, TIER_NAMES, BlockTable
+from sim.kv.access import AccessModel
+from sim.memory.blocks import DRAM, HBM, SSD, TIER_NAMES, BlockTable
 from sim.config.run import RunConfig
-from sim.heatlog import HeatLog
-from sim.links import Links
-from sim.prefetch import Prefetcher
-from sim.tiers import Tier
+from sim.observe.heatlog import HeatLog
+from sim.memory.links import Links
+from sim.kv.prefetch import Prefetcher
+from sim.memory.tiers import Tier
 from sim.workload.requests import Requests
 
 PREFIX_MEMO = 64  # requests whose prefix lookups are memoised

@@ -7,7 +7,7 @@ event and bookkeeping, hands the scheduler the requests that arrive meanwhile it
 one SimPy timeout for all of them and writes their timeline rows at once.
 
 Without prefix caching a run is planned a step at a time by
-:class:`sim.steprun.StepPlanner` (no block is cached then, so a step is a few integer
+:class:`sim.instance.step_planner.StepPlanner` (no block is cached then, so a step is a few integer
 updates). With it, the run is planned here, in pieces:
 
 - decodes: every running request adds one token a step, so the steps up to the next
@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim import steprun
-from sim.blocks import HBM
-from sim.scheduler import Batch
+from sim.instance import step_planner as steprun
+from sim.memory.blocks import HBM
+from sim.instance.scheduler import Batch
 
 if TYPE_CHECKING:
-    from sim.costmodel import StepCost
-    from sim.engine import Engine
+    from sim.cost.roofline import StepCost
+    from sim.instance.instance import Engine
 
 FIRST_CHUNK = 16  # decode steps priced at once at first; doubles while the decodes go on
 MAX_CHUNK = 1024
@@ -64,7 +64,7 @@ class DecodeRuns:
             and kv.heat_log is None
             and not config.engine.check
         )
-        # without prefix caching, a step at a time in plain Python (sim/steprun.py)
+        # without prefix caching, a step at a time in plain Python (sim/instance/step_planner.py)
         by_step = self.enabled and steprun.applies(engine)
         self.planner = steprun.StepPlanner(engine, MAX_RUN_STEPS) if by_step else None
 

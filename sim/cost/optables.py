@@ -3,7 +3,7 @@
 Two sources share the format: Vidur's published ``mlp.csv`` profiling tables (one wide row
 per token count, milliseconds per layer; ``../shared/calibration/README.md``) and the raw
 measurements ``validation.microbench`` writes (which add attention, copy and LM-head rows).
-The fit (``validation.opsfit``) and the table cost model (``sim.costtable``) read only the
+The fit (``validation.opsfit``) and the table cost model (``sim.cost.tables``) read only the
 long format.
 
 Long-format columns: ``model`` (the shape's name), ``kind`` (``gemm``, or a kernel of

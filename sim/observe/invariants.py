@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from sim.blocks import DRAM, HBM
+from sim.memory.blocks import DRAM, HBM
 from sim.errors import KvsimError
-from sim.scheduler import FINISHED, REJECTED
+from sim.instance.scheduler import FINISHED, REJECTED
 
 if TYPE_CHECKING:
-    from sim.engine import Engine, RunResult
+    from sim.instance.instance import Engine, RunResult
 
 BYTES_TOLERANCE = 1e-9  # relative: float sums of a few large byte counts
 

@@ -21,11 +21,11 @@ import simpy
 
 from policies.base import PrefetchPolicy, PrefetchView
 from policies.registry import make_prefetch
-from sim.blocks import DRAM, HBM
+from sim.memory.blocks import DRAM, HBM
 
 if TYPE_CHECKING:
-    from sim.kvcache import KvManager
-    from sim.scheduler import Batch, Scheduler
+    from sim.kv.manager import KvManager
+    from sim.instance.scheduler import Batch, Scheduler
 
 
 class Prefetcher:

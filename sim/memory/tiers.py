@@ -7,7 +7,7 @@ from itertools import filterfalse
 import numpy as np
 
 from policies.base import EvictionPolicy
-from sim.blocks import BlockTable
+from sim.memory.blocks import BlockTable
 
 
 class Tier:

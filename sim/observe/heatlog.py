@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.blocks import TIER_NAMES
+from sim.memory.blocks import TIER_NAMES
 
 HEAT_COLUMNS = ("time_s", "block", "accesses", "tier")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.config.run import RunConfig
-from sim.costmodel import CostModel
+from sim.cost.roofline import CostModel
 from sim.errors import ConfigError
 from sim.units import format_bytes
 

@@ -3,7 +3,7 @@
 Every parameter lives in :class:`CostParams`, built from a hardware profile's figures and
 efficiency factors (or from a calibrated profile). :func:`cost_model_for` gives a run's
 cost model: this roofline, or (``hardware.cost_model: table``) interpolation in measured
-tables (``sim.costtable``). Equations: ``docs/cost-model.md``.
+tables (``sim.cost.tables``). Equations: ``docs/cost-model.md``.
 """
 
 from __future__ import annotations
@@ -419,11 +419,11 @@ class CostModel:
 def cost_model_for(config: RunConfig) -> CostModel:
     """The run's cost model: the roofline, or interpolation in measured tables.
 
-    ``hardware.cost_model: table`` gives a :class:`sim.costtable.TableCostModel`.
+    ``hardware.cost_model: table`` gives a :class:`sim.cost.tables.TableCostModel`.
     """
     params = CostParams.from_hardware(config.hardware)
     if config.hardware.cost_model == "table":
-        from sim.costtable import TableCostModel, operator_table
+        from sim.cost.tables import TableCostModel, operator_table
 
         table = operator_table(config.model, config.hardware)
         return TableCostModel(config.model, params, table, config.kv_dtype_bytes)

@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
-from sim.kvcache import NO_HITS, KvManager, PrefixHits
+from sim.kv.manager import NO_HITS, KvManager, PrefixHits
 from sim.workload.requests import Requests
 
 WAITING, RUNNING, FINISHED, REJECTED = 1, 2, 3, 4

@@ -15,7 +15,7 @@ them, so the block ids are the same too.
 Equal to ``engine.decode_runs: false`` (tests/test_decode_runs.py). Where the sums could be
 inexact or the cost model is not the roofline (measured operator tables), each step's
 attention is the cost model's own call instead (:func:`exact`). With prefix caching, the
-piece planner (:mod:`sim.decoderun`) plans the runs.
+piece planner (:mod:`sim.instance.runs`) plans the runs.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from sim.blocks import HBM
-from sim.scheduler import FINISHED, RUNNING
+from sim.memory.blocks import HBM
+from sim.instance.scheduler import FINISHED, RUNNING
 
 if TYPE_CHECKING:
-    from sim.decoderun import _RunLog
-    from sim.engine import Engine
+    from sim.instance.runs import _RunLog
+    from sim.instance.instance import Engine
 
 EXACT = 2.0**53  # integer float sums below this are exact
 NO_HITS = [0, 0, 0]

@@ -1,5 +1,5 @@
 """The engine: a SimPy process doing one event per step, fed by an arrival process; steps
-that need no clock are taken in runs (sim/decoderun.py), one event for many steps."""
+that need no clock are taken in runs (sim/instance/runs.py), one event for many steps."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from sim.blocks import DRAM, HBM, SSD
+from sim.memory.blocks import DRAM, HBM, SSD
 from sim.config.run import RunConfig
-from sim.costmodel import cost_model_for
-from sim.decoderun import DecodeRuns
-from sim.invariants import attach as attach_invariants
-from sim.kvcache import KvManager, StepIO
-from sim.links import Links
-from sim.memory import HbmPlan, plan_hbm
-from sim.metrics import Timeline, request_frame, summarize
-from sim.scheduler import Batch, Scheduler
+from sim.cost.roofline import cost_model_for
+from sim.instance.runs import DecodeRuns
+from sim.observe.invariants import attach as attach_invariants
+from sim.kv.manager import KvManager, StepIO
+from sim.memory.links import Links
+from sim.memory.hbm_plan import HbmPlan, plan_hbm
+from sim.observe.metrics import Timeline, request_frame, summarize
+from sim.instance.scheduler import Batch, Scheduler
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 
@@ -73,7 +73,7 @@ class Engine:
 
         self.kv.on_loaded = on_loaded
         self.decode_runs = DecodeRuns(self)
-        if config.engine.check:  # reliability hook: invariants after every step (sim/invariants.py)
+        if config.engine.check:  # reliability hook: invariants after every step (sim/observe/invariants.py)
             attach_invariants(self)
 
     def run(self) -> RunResult:
