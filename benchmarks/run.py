@@ -167,7 +167,7 @@ def _peak_rss_bytes() -> int:
 
 def _run_engine(config_data: dict) -> dict:
     from sim.config import build_config
-    from sim.instance.instance import Engine
+    from sim.run import Simulation
     from sim.workload import build_requests
     from sim.workload.trace import traces_root
 
@@ -177,7 +177,7 @@ def _run_engine(config_data: dict) -> dict:
         config.workload, config.seed, traces_root() or Path("."), config.engine.block_tokens
     )
     built = time.perf_counter()
-    engine = Engine(config, requests)
+    engine = Simulation(config, requests)
     result = engine.run()
     wall = time.perf_counter() - start
     events = next(engine.env._eid)  # SimPy's event counter: events scheduled in the run

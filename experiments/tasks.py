@@ -9,8 +9,8 @@ from pathlib import Path
 
 from experiments import store
 from sim.config.run import RunConfig
-from sim.instance.instance import RunResult, simulate
 from sim.errors import KvsimError
+from sim.run import RunResult, simulate
 from sim.rundir import write_run
 
 DIED = "the worker process died while this point was in flight (killed, or out of memory)"

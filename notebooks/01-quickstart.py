@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from sim.config import load_config
-from sim.instance.instance import simulate
+from sim.run import simulate
 from sim.rundir import write_run
 
 CONFIGS = Path(str(files("experiments") / "configs"))

@@ -145,7 +145,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from sim.config import load_config
-from sim.instance.instance import simulate
+from sim.run import simulate
 
 configs = Path(str(files("experiments") / "configs"))
 engine_runs = {}

@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 from sim.config.loader import dump_config
-from sim.instance.instance import RunResult
 from sim.errors import KvsimError
+from sim.run import RunResult
 
 RUN_FILES = ("config.resolved.yaml", "summary.json", "requests.parquet", "timeline.parquet")
 

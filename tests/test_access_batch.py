@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.kv.access
-from sim.kv.access import AccessModel
 from sim.config.kv import FullAccess, SparseAccess
-from sim.instance.instance import simulate
+from sim.kv.access import AccessModel
+from sim.run import simulate
 from tests.conftest import make_config
 
 

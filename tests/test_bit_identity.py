@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from sim.config import RunConfig, build_config
-from sim.instance.instance import simulate
+from sim.run import simulate
 from sim.rundir import write_run
 from tests.conftest import synthetic
 

@@ -20,10 +20,10 @@ import sim.kv.manager
 from policies.lru import LRU
 from policies.registry import make_eviction
 from policies.stamp_lru import StampLRU
-from sim.memory.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
-from sim.instance.instance import Engine
 from sim.kv.manager import KvManager
+from sim.memory.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
 from sim.memory.tiers import Tier
+from sim.run import Simulation
 from sim.workload import build_requests
 from tests.conftest import make_config
 
@@ -426,7 +426,7 @@ def _multi_turn(sessions: int) -> dict:
 
 def _engine(
     mode: str, eviction: str, dram: int, ssd: int, extra: dict, seed: int, swap: bool = False
-) -> Engine:
+) -> Simulation:
     """A small engine with tight tiers (capacities in 2 MiB blocks) and shared prefixes."""
     kv = {
         "mode": mode,
@@ -447,10 +447,10 @@ def _engine(
         workload=_multi_turn(10),
     )
     requests = build_requests(config.workload, config.seed, Path("."), config.engine.block_tokens)
-    return Engine(config, requests)
+    return Simulation(config, requests)
 
 
-def _run_until(engine: Engine, until: float) -> Engine:
+def _run_until(engine: Simulation, until: float) -> Simulation:
     """Run ``engine`` to simulated time ``until`` (mid-run: tiers full, blocks in use)."""
     env = engine.env
     env.process(engine._arrivals())

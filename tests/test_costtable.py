@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from sim.config import build_config
+from sim.cost.optables import LONG_COLUMNS, vidur_to_long
 from sim.cost.roofline import CostModel, CostParams, cost_model_for, gemm_seconds
 from sim.cost.tables import Curve, DecodeGrid, TableCostModel
-from sim.instance.instance import simulate
 from sim.errors import ConfigError
-from sim.cost.optables import LONG_COLUMNS, vidur_to_long
+from sim.run import simulate
 from sim.workload import build_requests
 
 REPO = Path(__file__).resolve().parents[1]

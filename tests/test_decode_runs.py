@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.instance import runs as decoderun
-from sim.instance import step_planner as steprun
+from sim.cluster.feed import delivery_times
 from sim.config import build_config
 from sim.cost.roofline import CostModel, CostParams
-from sim.instance.instance import Engine, delivery_times
+from sim.instance import runs as decoderun
+from sim.instance import step_planner as steprun
 from sim.observe.metrics import TIMELINE_COLUMNS, Timeline
+from sim.run import Simulation
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import make_config, synthetic
@@ -27,7 +28,7 @@ from tests.test_fuzz import budget
 
 def _run(config):
     requests = build_requests(config.workload, config.seed, block_tokens=config.engine.block_tokens)
-    engine = Engine(config, requests)
+    engine = Simulation(config, requests)
     return engine, engine.run()
 
 
@@ -262,7 +263,7 @@ def test_runs_take_admissions_prefill_chunks_and_finishes(planner, monkeypatch):
 def test_grow_each_allocates_as_one_call_each():
     config = make_config(workload=synthetic(5, 100, 10))
     requests = build_requests(config.workload, config.seed, block_tokens=16)
-    one, many = Engine(config, requests).kv, Engine(config, requests).kv
+    one, many = Simulation(config, requests).kv, Simulation(config, requests).kv
     rids = np.array([0, 1, 0, 2, 2, 2, 4, 1, 3, 0])
     nth = np.array([int((rids[:i] == r).sum()) for i, r in enumerate(rids)])
     for kv in (one, many):
@@ -318,7 +319,7 @@ def test_delivery_times_are_when_simpy_hands_requests_over():
     gaps = rng.exponential(0.3, 60) * rng.choice([1e-6, 1.0, 1e3], 60)
     arrival = [0.7, 3.1, *(3.1 + np.cumsum(gaps)).tolist()]  # 0.7 + (3.1 - 0.7) != 3.1
     config = make_config("engine.decode_runs=false")
-    engine = Engine(config, _requests(arrival, 50, 5))
+    engine = Simulation(config, _requests(arrival, 50, 5))
     seen: list[float] = []
     add = engine.scheduler.add
     engine.scheduler.add = lambda rid: seen.append(engine.env.now) or add(rid)
@@ -350,7 +351,7 @@ def test_an_arrival_at_exactly_a_step_end_is_seen_as_without_runs(planner, monke
 
 
 def _run_with(config, requests):
-    engine = Engine(config, requests)
+    engine = Simulation(config, requests)
     return engine, engine.run()
 
 
@@ -362,7 +363,7 @@ def test_the_kv_manager_sees_each_step_time_as_without_runs():
     for runs in (False, True):
         flag = f"engine.decode_runs={str(runs).lower()}"
         config = make_config(*overrides, flag, workload=workload)
-        engine = Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
+        engine = Simulation(config, build_requests(config.workload, config.seed, block_tokens=16))
         kv, log = engine.kv, []
         for name in ("release", "_make_room"):
             setattr(kv, name, _noting_the_clock(kv, name, log))

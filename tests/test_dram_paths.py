@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.lru import LRU
-from sim.memory.blocks import BlockTable
-from sim.instance.instance import Engine
 from sim.kv.manager import KvManager
+from sim.memory.blocks import BlockTable
 from sim.memory.tiers import Tier
+from sim.run import Simulation
 from sim.workload import build_requests
 from tests.conftest import make_config
 from tests.test_bulk_paths import TIGHT, _engine, _loop, _multi_turn, kv_state, ref_evict
@@ -27,7 +27,7 @@ from tests.test_bulk_paths import TIGHT, _engine, _loop, _multi_turn, kv_state, 
 DRAM_CASES = [case for case in TIGHT if case[0] == "dram_centric"]
 
 
-def _small_hbm_engine(seed: int) -> Engine:
+def _small_hbm_engine(seed: int) -> Simulation:
     """``dram_centric`` with an HBM cache of 164 blocks: steps evict around pinned reads."""
     kv = {
         "mode": "dram_centric",
@@ -44,7 +44,7 @@ def _small_hbm_engine(seed: int) -> Engine:
         workload=_multi_turn(30),
     )
     requests = build_requests(config.workload, config.seed, Path("."), config.engine.block_tokens)
-    return Engine(config, requests)
+    return Simulation(config, requests)
 
 
 def ref_union(self: KvManager, reads: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.cost.roofline import CostModel, CostParams
-from sim.instance.instance import Engine, simulate
 from sim.memory.hbm_plan import plan_hbm
+from sim.run import Simulation, simulate
 from sim.rundir import write_run
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
@@ -109,10 +109,10 @@ def test_model_too_large_for_hbm_is_a_config_error():
 
     config = make_config(model="llama-3-70b")
     with pytest.raises(ConfigError, match="model 'llama-3-70b' does not fit"):
-        Engine(config, None)
+        Simulation(config, None)
 
 
-class InvariantEngine(Engine):
+class InvariantEngine(Simulation):
     """Checks block accounting after every step."""
 
     def __init__(self, *args):
@@ -200,6 +200,6 @@ def test_a_request_exactly_at_the_length_limit_runs_and_one_token_more_is_reject
     and run to the end; 101 + 20 does not, and is rejected with that reason."""
     config = make_config("engine.max_model_len=120")
     requests = Requests(np.zeros(2), np.array([100, 101]), np.array([20, 20]))
-    result = Engine(config, requests).run()
+    result = Simulation(config, requests).run()
     assert result.requests.status.tolist() == ["finished", "rejected"]
     assert result.requests.reject_reason.tolist() == ["", "exceeds_max_model_len"]

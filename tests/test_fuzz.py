@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from experiments.sweep import check_fits
 from policies import AccessTrace, prefetch_names
 from sim.config import build_config
-from sim.instance.instance import simulate
 from sim.errors import ConfigError
 from sim.replay import replay_table
+from sim.run import simulate
 
 LONG = "KVSIM_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("KVSIM_FUZZ_EXAMPLES", "0")) or None

@@ -8,24 +8,24 @@ import pytest
 import yaml
 
 from experiments import store
-from sim.memory.blocks import DRAM, HBM
 from sim.cli import main
-from sim.instance.instance import Engine
-from sim.observe.invariants import InvariantViolation
-from sim.kv.manager import KvManager
 from sim.instance.scheduler import Scheduler
+from sim.kv.manager import KvManager
+from sim.memory.blocks import DRAM, HBM
+from sim.observe.invariants import InvariantViolation
+from sim.run import Simulation
 from sim.workload import build_requests
 from tests.conftest import BASE, make_config
 
 STEP = re.compile(r"invariant violated after step \d+ \(t = \d+\.\d{6} s\): ")
 
 
-def engine(*overrides: str) -> Engine:
+def engine(*overrides: str) -> Simulation:
     config = make_config("engine.check=true", *overrides)
-    return Engine(config, build_requests(config.workload, config.seed))
+    return Simulation(config, build_requests(config.workload, config.seed))
 
 
-def corrupt_after(eng: Engine, steps: int, damage) -> None:
+def corrupt_after(eng: Simulation, steps: int, damage) -> None:
     """Apply ``damage(eng)`` once the ``steps``-th step completed (before its checks run)."""
     complete, calls = eng.scheduler.complete, [0]
 
@@ -39,36 +39,36 @@ def corrupt_after(eng: Engine, steps: int, damage) -> None:
     eng.scheduler.complete = corrupted
 
 
-def first_running_block(eng: Engine) -> int:
+def first_running_block(eng: Simulation) -> int:
     return next(blocks[0] for blocks in eng.kv.blocks if blocks)
 
 
-def bump_ref(eng: Engine) -> None:
+def bump_ref(eng: Simulation) -> None:
     eng.kv.table.ref[first_running_block(eng)] += 1
 
 
-def shrink_hbm(eng: Engine) -> None:
+def shrink_hbm(eng: Simulation) -> None:
     eng.kv.tiers[HBM].capacity = 0
 
 
-def miscount_hbm(eng: Engine) -> None:
+def miscount_hbm(eng: Simulation) -> None:
     eng.kv.tiers[HBM].resident -= 1
 
 
-def phantom_delivery(eng: Engine) -> None:
+def phantom_delivery(eng: Simulation) -> None:
     eng.links.h2d.bytes_delivered += 1e6
 
 
-def inflate_hbm_kv(eng: Engine) -> None:
+def inflate_hbm_kv(eng: Simulation) -> None:
     real = eng.kv.hbm_kv_bytes
     eng.kv.hbm_kv_bytes = lambda: (real()[0] + 4096.0, real()[1])  # one page too many
 
 
-def phantom_index_entry(eng: Engine) -> None:
+def phantom_index_entry(eng: Simulation) -> None:
     eng.kv.table.index[12345] = first_running_block(eng)  # a hash its block does not hold
 
 
-def running_block_to_dram(eng: Engine) -> None:
+def running_block_to_dram(eng: Simulation) -> None:
     """A running request's block moves from HBM to DRAM, each tier counting it right."""
     rid = eng.scheduler.running[0]
     b = eng.kv.blocks[rid][0]
@@ -77,7 +77,7 @@ def running_block_to_dram(eng: Engine) -> None:
     eng.kv.tiers[DRAM].resident += 1
 
 
-def phantom_swap_hold(eng: Engine) -> None:
+def phantom_swap_hold(eng: Simulation) -> None:
     eng.kv.swap_holds[first_running_block(eng)] = 1  # no request is swapped out
 
 
@@ -134,7 +134,7 @@ def test_clean_runs_pass_in_every_mode():
 def test_checks_are_off_unless_asked():
     config = make_config()
     assert config.engine.check is False
-    eng = Engine(config, build_requests(config.workload, config.seed))
+    eng = Simulation(config, build_requests(config.workload, config.seed))
     assert "run" not in vars(eng) and "record" not in vars(eng.timeline)
 
 

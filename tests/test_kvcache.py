@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.instance.instance import Engine
 from sim.kv.manager import _distinct
+from sim.run import Simulation
 from sim.workload.requests import Requests
 from tests.conftest import make_config
 
@@ -16,7 +16,7 @@ from tests.conftest import make_config
 def _kv(prompt: int = 100, n: int = 2):
     config = make_config()  # 16-token blocks
     requests = Requests(np.zeros(n), np.full(n, prompt), np.full(n, 4))
-    return Engine(config, requests).kv
+    return Simulation(config, requests).kv
 
 
 @given(st.lists(st.integers(0, 6), max_size=8))
@@ -45,7 +45,7 @@ def _prefix_kv(*overrides: str, prompt: int = 65, hashes=(11, 12, 13, 14), n: in
     config = make_config("kv.prefix_caching=true", *overrides)
     h = [np.array(hashes, dtype=np.uint64) for _ in range(n)]
     requests = Requests(np.zeros(n), np.full(n, prompt), np.full(n, 4), prefix_hashes=h)
-    return Engine(config, requests).kv
+    return Simulation(config, requests).kv
 
 
 def test_a_prefix_swapped_out_of_hbm_is_no_hit_in_hbm_mode():
@@ -180,7 +180,7 @@ def test_a_swap_out_keeps_its_own_written_through_copies_when_dram_is_full():
     )  # fmt: skip
     h = [np.array([11, 12, 13], dtype=np.uint64), np.array([21, 22], dtype=np.uint64)]
     requests = Requests(np.zeros(2), np.array([65, 33]), np.full(2, 4), prefix_hashes=h)
-    kv = Engine(config, requests).kv
+    kv = Simulation(config, requests).kv
     assert kv.tiers[1].capacity == 6
     kv.allocate(0, 65)
     kv.register(0, 48)
@@ -196,5 +196,5 @@ def test_prefix_lookups_count_only_the_blocks_a_request_has_hashes_for():
     config = make_config("kv.prefix_caching=true")
     h = [np.array([5, 6], dtype=np.uint64)]
     requests = Requests(np.zeros(1), np.array([100]), np.array([3]), prefix_hashes=h)
-    result = Engine(config, requests).run()
+    result = Simulation(config, requests).run()
     assert result.summary["prefix_lookup_blocks"] == 2

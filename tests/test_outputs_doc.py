@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from sim.config.loader import load_config
-from sim.instance.instance import simulate
 from sim.replay import CSV_COLUMNS
+from sim.run import simulate
 from sim.rundir import write_run
 
 ROOT = Path(__file__).resolve().parent.parent

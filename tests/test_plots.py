@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.plots import GIB, hbm_pressure_data, plot_hbm_pressure
-from sim.instance.instance import simulate
+from sim.run import simulate
 from sim.rundir import write_run
 from tests.conftest import make_config
 

@@ -9,8 +9,8 @@ from policies.base import PrefetchView, non_negative, param_table
 from policies.prefetch import HeatPredictive, NextTurn, QueueLookahead
 from policies.registry import make_prefetch
 from sim.config.errors import ConfigError
-from sim.instance.instance import simulate
 from sim.memory.links import chunk_efficiency
+from sim.run import simulate
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
 from tests.test_tiering import CheckedEngine, shared_documents

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from experiments.plots import heatmap_data, plot_heatmap
-from sim.kv.access import AccessModel
 from sim.config.kv import SparseAccess
-from sim.instance.instance import simulate
+from sim.kv.access import AccessModel
+from sim.run import simulate
 from sim.rundir import write_run
 from tests.conftest import make_config
 

@@ -9,11 +9,11 @@ import numpy as np
 import simpy
 
 from policies.base import PrefetchView
-from sim.kv.access import AccessModel
-from sim.memory.blocks import DRAM, HBM, SSD
 from sim.config.kv import SparseAccess
-from sim.kv.prefetch import Prefetcher
 from sim.instance.scheduler import Batch
+from sim.kv.access import AccessModel
+from sim.kv.prefetch import Prefetcher
+from sim.memory.blocks import DRAM, HBM, SSD
 
 BB = 10  # bytes per block
 

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.instance.instance import Engine
 from sim.instance.scheduler import RUNNING
+from sim.run import Simulation
 from sim.workload.requests import Requests
 from tests.conftest import make_config
 
@@ -54,7 +54,7 @@ def test_running_phase_matches_sequential_reference(data):
     if pool == 0:
         return
     config = make_config(f"engine.block_tokens={BLOCK}", f"engine.kv_pool_blocks={pool}")
-    s = Engine(config, requests).scheduler
+    s = Simulation(config, requests).scheduler
     for rid in range(k):
         s.kv.allocate(rid, int(computed[rid]))
     s.computed[:], s.status[:] = computed, RUNNING
@@ -78,7 +78,7 @@ def test_loaded_requests_behind_a_preempted_head_give_their_blocks_back():
 
     requests = shared_documents(n=60, docs=8, doc_tokens=2048, rate=20.0, seed=0, output=64)
     config = make_config("engine.kv_pool_blocks=256", kv={"mode": "offload"})
-    engine = Engine(config, requests)
+    engine = Simulation(config, requests)
     result = engine.run()
     assert result.summary["preemptions"] > 0 and result.summary["dram_hit_rate"] > 0
     assert result.requests.finish_s.notna().all()

@@ -12,17 +12,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from sim.instance import step_planner as steprun
 from sim.config import build_config
 from sim.cost.roofline import CostModel
-from sim.instance.instance import Engine
+from sim.instance import step_planner as steprun
+from sim.run import Simulation
 from sim.workload import build_requests
 from tests.conftest import make_config, synthetic
 from tests.test_costtable import TINY, run_config, tiny_table
 
 
-def _engine(config) -> Engine:
-    return Engine(config, build_requests(config.workload, config.seed, block_tokens=16))
+def _engine(config) -> Simulation:
+    return Simulation(config, build_requests(config.workload, config.seed, block_tokens=16))
 
 
 @pytest.mark.parametrize(

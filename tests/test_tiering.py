@@ -6,8 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.instance.instance import Engine, layerwise_step_s, simulate
+from sim.instance.step import layerwise_step_s
 from sim.kv.manager import victims_kept_below
+from sim.run import Simulation, simulate
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 from tests.conftest import hbm_parts, make_config
@@ -59,7 +60,7 @@ def test_plentiful_hbm_gives_identical_latency_in_every_mode():
     assert results["dram_centric"].summary["d2h_bytes"] == 8 * (2048 + 63) * 131072
 
 
-class CheckedEngine(Engine):
+class CheckedEngine(Simulation):
     """Checks the KV accounting after every step."""
 
     def __init__(self, *args):
@@ -120,7 +121,7 @@ def test_links_deliver_every_byte_sent():
     config = make_config(
         "hardware.hbm.capacity=24GiB", "engine.preemption=swap", kv={"mode": "offload"}
     )
-    engine = Engine(config, shared_documents())
+    engine = Simulation(config, shared_documents())
     engine.run()
     for link in engine.links.all():
         assert link.bytes_delivered == pytest.approx(link.bytes_submitted)
@@ -394,7 +395,7 @@ def test_offload_eviction_cascades_keep_block_ids_and_tiers_honest(seed):
             "dram_capacity": 8 * TINY_BLOCK},
     )  # fmt: skip
     requests = build_requests(config.workload, config.seed, block_tokens=8)
-    engine = Engine(config, requests)
+    engine = Simulation(config, requests)
     result = engine.run()
     free = engine.kv.table._free_ids
     assert len(free) == len(set(free))

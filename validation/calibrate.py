@@ -13,8 +13,8 @@ import yaml
 
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import profile_dir, read_yaml, validate
-from sim.errors import KvsimError
 from sim.cost.optables import read_tables
+from sim.errors import KvsimError
 from validation.fit import DECODE_MAX_TOKENS, Residual
 from validation.opsfit import (
     OpsFit,

@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from sim.config.model import ModelSpec
-from sim.cost.roofline import CostModel, CostParams
 from sim.cost.optables import KERNEL_KINDS
+from sim.cost.roofline import CostModel, CostParams
 from validation.kvpools import KvPools
 from validation.timing import Timing, measure, rotation
 from validation.torchmodel import (

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from sim.config.hardware import Efficiency, HardwareSpec
+from sim.cost.optables import KERNEL_KINDS
 from sim.cost.roofline import CostParams, KernelParams, gemm_seconds, kernel_seconds
 from sim.errors import KvsimError
-from sim.cost.optables import KERNEL_KINDS
 from validation.fit import (
     DECODE_MAX_TOKENS,
     MIN_POINTS,

@@ -25,8 +25,8 @@ import torch
 from sim.config.hardware import HardwareSpec
 from sim.config.run import RunConfig
 from sim.cost.roofline import cost_model_for
-from sim.instance.instance import simulate
 from sim.errors import KvsimError
+from sim.run import simulate
 from sim.workload import build_requests
 from validation.engine import EngineRun, MiniEngine
 from validation.microbench import device_name

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from sim.config.loader import load_config
-from sim.instance.instance import RunResult, simulate
 from sim.errors import ConfigError
+from sim.run import RunResult, simulate
 from sim.rundir import check_writable, write_run
 from sim.units import format_bytes
 

@@ -132,7 +132,7 @@ class HardwareSpec(Strict):
     @classmethod
     def _table_exists(cls, path: str | None) -> str | None:
         if path is not None:
-            from sim.cost.optables import resolve_table_path  # pandas: only when a table is named
+            from sim.config.paths import resolve_table_path
 
             resolve_table_path(path)
         return path

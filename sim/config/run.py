@@ -50,14 +50,6 @@ class RunConfig(Strict):
             )
         return self
 
-    @model_validator(mode="after")
-    def _cost_table_covers_the_model(self) -> RunConfig:
-        if self.hardware.cost_model == "table":  # refused here, not at the first step
-            from sim.cost.tables import operator_table
-
-            operator_table(self.model, self.hardware)
-        return self
-
     @property
     def kv_dtype_bytes(self) -> float:
         """Bytes per KV element in HBM."""

@@ -15,7 +15,6 @@ part of a layer's time, not once per step), ``source``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ import pandas as pd
 
 from sim.errors import KvsimError
 
-CALIBRATION_ENV = "KVSIM_CALIBRATION"
 KERNEL_KINDS = ("norm", "rope", "activation", "residual_add", "embedding")
 LONG_COLUMNS = (
     "model",
@@ -173,35 +171,3 @@ def read_measurements(path: str | Path) -> pd.DataFrame:
     if set(LONG_COLUMNS) <= set(table.columns):
         return table
     return vidur_to_long(table, path.stem, str(path))
-
-
-def calibration_root() -> Path | None:
-    """``$KVSIM_CALIBRATION``, else the ``shared/calibration`` folder beside this checkout."""
-    env = os.environ.get(CALIBRATION_ENV)
-    if env:
-        return Path(env).expanduser()
-    beside = Path(__file__).resolve().parents[2] / "shared" / "calibration"
-    return beside if beside.is_dir() else None
-
-
-def resolve_table_path(path: str) -> Path:
-    """``path`` if absolute, else under the working directory, else under the calibration root.
-
-    Raises:
-        ValueError: naming every place looked at (a config validator turns it into the
-            ConfigError of ``hardware.cost_table``).
-    """
-    given = Path(path).expanduser()
-    candidates = [given] if given.is_absolute() else [Path.cwd() / given]
-    root = calibration_root()
-    if root is not None and not given.is_absolute():
-        candidates.append(root / given)
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    raise ValueError(
-        f"measured tables {path!r} not found (looked at {looked}); expected a long-format "
-        f"CSV/parquet from 'kvsim calibrate --device' or a folder of Vidur mlp.csv tables "
-        f"(set ${CALIBRATION_ENV} to the folder holding them)"
-    )

@@ -1,9 +1,9 @@
 """Time and activation memory of one engine step: a roofline per operator.
 
 Every parameter lives in :class:`CostParams`, built from a hardware profile's figures and
-efficiency factors (or from a calibrated profile). :func:`cost_model_for` gives a run's
-cost model: this roofline, or (``hardware.cost_model: table``) interpolation in measured
-tables (``sim.cost.tables``). Equations: ``docs/cost-model.md``.
+efficiency factors (or from a calibrated profile). :func:`sim.cost.cost_model_for` gives
+a run's cost model: this roofline, or (``hardware.cost_model: table``) interpolation in
+measured tables (``sim.cost.tables``). Equations: ``docs/cost-model.md``.
 """
 
 from __future__ import annotations
@@ -11,15 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.config.hardware import HardwareSpec, Kernel
 from sim.config.model import ModelSpec
-
-if TYPE_CHECKING:
-    from sim.config.run import RunConfig
 
 LOGIT_BYTES = 4.0  # logits and sampling probabilities are fp32
 LOGIT_COPIES = 2.0  # logits + softmax probabilities live at once
@@ -414,17 +410,3 @@ class CostModel:
         attention_width = 2 * m.q_dim + 2 * m.kv_dim
         per_token = (2 * m.hidden + max(attention_width, mlp_width)) * m.dtype_bytes
         return tokens * per_token + sampled * m.vocab * LOGIT_BYTES * LOGIT_COPIES
-
-
-def cost_model_for(config: RunConfig) -> CostModel:
-    """The run's cost model: the roofline, or interpolation in measured tables.
-
-    ``hardware.cost_model: table`` gives a :class:`sim.cost.tables.TableCostModel`.
-    """
-    params = CostParams.from_hardware(config.hardware)
-    if config.hardware.cost_model == "table":
-        from sim.cost.tables import TableCostModel, operator_table
-
-        table = operator_table(config.model, config.hardware)
-        return TableCostModel(config.model, params, table, config.kv_dtype_bytes)
-    return CostModel(config.model, params, config.kv_dtype_bytes)

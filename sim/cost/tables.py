@@ -26,9 +26,10 @@ import pandas as pd
 
 from sim.config.hardware import HardwareSpec
 from sim.config.model import ModelSpec
+from sim.config.paths import resolve_table_path
+from sim.cost.optables import VIDUR_DTYPE_BYTES, read_measurements
 from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams, gemm_seconds
 from sim.errors import KvsimError
-from sim.cost.optables import VIDUR_DTYPE_BYTES, read_measurements, resolve_table_path
 
 LAYER_KERNELS = {**KERNELS_PER_LAYER, "activation": 1}  # dense models: one MLP per layer
 GEMM_NAMES = ("QKV projection", "output projection", "MLP up(+gate)", "MLP down")

@@ -22,7 +22,9 @@ import numpy as np
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
+from sim.instance.rules import admitted_tokens, share_budget
 from sim.kv.manager import NO_HITS, KvManager, PrefixHits
+from sim.kv.reads import is_decode
 from sim.workload.requests import Requests
 
 WAITING, RUNNING, FINISHED, REJECTED = 1, 2, 3, 4
@@ -47,6 +49,12 @@ class Batch:
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_sampled", int(self.samples.sum()))
         object.__setattr__(self, "num_tokens", int(self.new_tokens.sum()))
+
+
+def prefill_tokens(batch: Batch, prompt: np.ndarray) -> int:
+    """The batch's tokens that are not decodes (a decode adds one token past its prompt)."""
+    decode = is_decode(batch.new_tokens, batch.context, prompt[batch.ids])
+    return batch.num_tokens - int(np.count_nonzero(decode))
 
 
 class Admission(NamedTuple):
@@ -80,7 +88,7 @@ class Scheduler:
         self.running = np.zeros(0, dtype=np.int64)
         self.loading = 0
         self.max_len = self._max_sequence_tokens()
-        kv.on_loaded = self._loaded
+        kv.on_loaded = self.loaded
 
     # --- arrivals ---------------------------------------------------------------------------
 
@@ -112,7 +120,7 @@ class Scheduler:
             return "exceeds_max_batched_tokens_without_chunked_prefill"
         return "exceeds_kv_pool"
 
-    def _loaded(self, rid: int) -> None:
+    def loaded(self, rid: int) -> None:
         """A request's prefix finished loading from a lower tier: it goes first in line."""
         self.loading -= 1
         self.waiting.appendleft(rid)
@@ -133,11 +141,7 @@ class Scheduler:
         ids = self.running
         computed = self.computed[ids]
         remaining = self.prompt[ids] + self.generated[ids] - computed
-        total = int(remaining.sum())
-        if total <= budget:  # everyone gets all it needs (the usual decode step)
-            n = remaining
-        else:
-            n = np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
+        n = share_budget(remaining, budget)
         target = computed + n
         return n, target, -(-target // self.engine.block_tokens) - self.kv.held[ids]
 
@@ -205,9 +209,9 @@ class Scheduler:
         hits = kv.match(rid) if fresh else NO_HITS
         start = len(hits) * self.engine.block_tokens if fresh else int(self.computed[rid])
         total = int(self.prompt[rid] + self.generated[rid])
-        if not self.engine.chunked_prefill and total - start > budget:
+        n = admitted_tokens(total, start, budget, self.engine.chunked_prefill)
+        if n is None:
             return None
-        n = min(total - start, budget)
         cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
         return Admission(hits, start, n, cost)
 

@@ -20,16 +20,14 @@ piece planner (:mod:`sim.instance.runs`) plans the runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from sim.memory.blocks import HBM
+from sim.instance.events import StepHost
+from sim.instance.runlog import RunLog
 from sim.instance.scheduler import FINISHED, RUNNING
-
-if TYPE_CHECKING:
-    from sim.instance.runs import _RunLog
-    from sim.instance.instance import Engine
+from sim.memory.blocks import HBM
 
 EXACT = 2.0**53  # integer float sums below this are exact
 NO_HITS = [0, 0, 0]
@@ -46,12 +44,12 @@ class Tally(NamedTuple):
     attention: float
 
 
-def applies(engine: Engine) -> bool:
+def applies(engine: StepHost) -> bool:
     """Whether ``engine``'s runs are planned a step at a time here: without prefix caching."""
     return not engine.kv.prefix
 
 
-def exact(engine: Engine) -> bool:
+def exact(engine: StepHost) -> bool:
     """Whether plain-float roofline formulas give ``engine``'s cost model's floats.
 
     The roofline's attention sums (numpy's, pairwise) are sums of terms ``tokens * bytes *
@@ -74,9 +72,9 @@ def exact(engine: Engine) -> bool:
 
 
 class StepPlanner:
-    """Plans a run's steps into a :class:`_RunLog` until one needs the clock."""
+    """Plans a run's steps into a :class:`RunLog` until one needs the clock."""
 
-    def __init__(self, engine: Engine, limit: int):
+    def __init__(self, engine: StepHost, limit: int):
         self.e, self.limit = engine, limit
         cost, params, model = engine.cost, engine.cost.params, engine.cost.model
         self.bt = engine.config.engine.block_tokens
@@ -95,7 +93,7 @@ class StepPlanner:
 
     # --- the run --------------------------------------------------------------------------
 
-    def plan(self, log: _RunLog) -> None:
+    def plan(self, log: RunLog) -> None:
         """Take steps into ``log`` until the run must end (``log.last``), nothing runs, a step
         needs the normal loop (a preemption, a swapped request waiting) or the log is full."""
         e = self.e
@@ -117,7 +115,9 @@ class StepPlanner:
             g and p + g - c == 1
             for c, g, p in zip(self.computed, self.generated, self.prompt, strict=True)
         )
-        if e.next_arrival_s <= log.now:  # delivered now, before or after: SimPy's order decides
+        if (
+            e.arrivals.next_arrival_s <= log.now
+        ):  # delivered now, before or after: SimPy's order decides
             log.last = True
         while self.ids and not log.last and log.steps < self.limit:
             if not (self._decodes(log) or self._step(log)):
@@ -150,7 +150,7 @@ class StepPlanner:
 
     # --- one step by the scheduler's rule -------------------------------------------------------
 
-    def _step(self, log: _RunLog) -> bool:
+    def _step(self, log: RunLog) -> bool:
         """One step as :meth:`Scheduler.schedule` and :meth:`Scheduler.complete` take it;
         False (nothing changed) if it preempts or would admit a swapped-out request."""
         e, bt = self.e, self.bt
@@ -244,7 +244,7 @@ class StepPlanner:
             attention += self.latency
         return Tally(sum(tokens), sampled, prefill, reads, attention)
 
-    def _finish_step(self, log: _RunLog, tokens: list[int]) -> None:
+    def _finish_step(self, log: RunLog, tokens: list[int]) -> None:
         """Price the step of ``tokens`` per running request, wait for it, complete it."""
         e = self.e
         computed, generated, prompt = self.computed, self.generated, self.prompt
@@ -296,7 +296,7 @@ class StepPlanner:
         e = self.e
         s, kv = e.scheduler, e.kv
         self._flush()
-        kv.planned_s = end
+        e.clock.planned_s = end
         for i in done:
             rid = self.ids[i]
             s.finish_s[rid] = end
@@ -314,7 +314,7 @@ class StepPlanner:
 
     # --- decode steps -------------------------------------------------------------------------
 
-    def _decodes(self, log: _RunLog) -> bool:
+    def _decodes(self, log: RunLog) -> bool:
         """Decode steps while every running request decodes and nobody can join: up to the
         next finish, arrival or block shortage. False if the next step is not one."""
         e, bt, n = self.e, self.bt, len(self.ids)
@@ -349,7 +349,7 @@ class StepPlanner:
             log.resident[-1] = self.resident
         return True
 
-    def _decode_steps(self, log: _RunLog, due: list[list[int]], steps: int) -> int:
+    def _decode_steps(self, log: RunLog, due: list[list[int]], steps: int) -> int:
         """Up to ``steps`` decode steps of the running requests (those at ``due[j % bt]``
         start a block in step ``j``): fewer if a request arrives (the step it arrives in is
         the last) or the pool runs short (the run ends before that step). Logs the columns
@@ -363,7 +363,7 @@ class StepPlanner:
         exact, ones, contexts = self.exact, None, None
         if not exact:  # each step's attention is the cost model's call
             ones, contexts = np.ones(n, dtype=np.int64), np.array(self.computed)
-        arrival, ends, now, taken = self.e.next_arrival_s, [], log.now, 0
+        arrival, ends, now, taken = self.e.arrivals.next_arrival_s, [], log.now, 0
         while taken < steps:
             new = due[taken % bt]
             if len(new) > self.available:

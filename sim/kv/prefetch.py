@@ -12,8 +12,9 @@ lands waits for that copy (``inflight``). Counts: ``prefetch_blocks`` staged,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -21,17 +22,31 @@ import simpy
 
 from policies.base import PrefetchPolicy, PrefetchView
 from policies.registry import make_prefetch
+from sim.kv.parts import KvParts
 from sim.memory.blocks import DRAM, HBM
 
-if TYPE_CHECKING:
-    from sim.kv.manager import KvManager
-    from sim.instance.scheduler import Batch, Scheduler
+
+class Queue(Protocol):
+    """What the prefetcher reads of a scheduler: the queue, and each request's progress."""
+
+    waiting: Iterable[int]
+    generated: np.ndarray
+    output: np.ndarray
+
+
+class Batch(Protocol):
+    """What the prefetcher reads of a step's batch."""
+
+    ids: np.ndarray
+    new_tokens: np.ndarray
+    context: np.ndarray
+    samples: np.ndarray
 
 
 class Prefetcher:
     """Engine side of a prefetch policy; inert (``active`` False) for ``prefetch: none``."""
 
-    def __init__(self, kv: KvManager, spec: str | dict, sessions: np.ndarray | None):
+    def __init__(self, kv: KvParts, spec: str | dict, sessions: np.ndarray | None):
         self.kv = kv
         self.policy: PrefetchPolicy = make_prefetch(spec)
         self.active = spec != "none"
@@ -93,7 +108,7 @@ class Prefetcher:
 
     # --- the hook -----------------------------------------------------------------------
 
-    def on_step(self, scheduler: Scheduler, batch: Batch) -> None:
+    def on_step(self, scheduler: Queue, batch: Batch) -> None:
         """Ask the policy what to stage before the next step, and start those copies."""
         if not self.active:
             return
@@ -109,7 +124,7 @@ class Prefetcher:
         self._rows.append((staged * kv.tiers[DRAM].block_bytes, staged, self._step_hits))
         self._step_hits = 0
 
-    def _waiting(self, scheduler: Scheduler) -> tuple[list[np.ndarray], list[int]]:
+    def _waiting(self, scheduler: Queue) -> tuple[list[np.ndarray], list[int]]:
         """Per waiting request (first ``lookahead``), its matched prefix blocks not in HBM;
         and those already in HBM (staging must not evict them)."""
         kv = self.kv
@@ -125,7 +140,7 @@ class Prefetcher:
             keep.extend(hits[here].tolist())
         return out, keep
 
-    def _batch(self, scheduler: Scheduler, batch: Batch) -> tuple[list[np.ndarray], list[int]]:
+    def _batch(self, scheduler: Queue, batch: Batch) -> tuple[list[np.ndarray], list[int]]:
         """Per sequence decoding next step: its top-k candidate blocks and k."""
         kv = self.kv
         if not kv.access.sparse:
@@ -159,7 +174,7 @@ class Prefetcher:
         order = sorted(range(len(proposed)), key=lambda i: -proposed[i][1])  # stable
         limit = self.policy.max_bytes_per_step
         most = int(limit // kv.tiers[DRAM].block_bytes) if limit > 0 else len(proposed)
-        cached_only = kv.mode == "dram_centric"  # there HBM only ever caches copies
+        cached_only = kv.mode.hbm_is_cache  # HBM only ever caches copies
         out: list[int] = []
         seen: set[int] = set()
         for i in order:
@@ -190,7 +205,7 @@ class Prefetcher:
         short = len(wanted) - hbm.free_slots
         if short > 0:
             for b in hbm.evict(short, pinned):
-                kv._demote(b, hbm)
+                kv.cascade.demote(b, hbm)
         wanted = wanted[: hbm.free_slots]
         self._send(wanted)
         return len(wanted)
@@ -221,7 +236,7 @@ class Prefetcher:
         yield kv.links.ssd_read.transfer(len(blocks) * block_bytes)
         for b in blocks:
             if not kv.table.where[DRAM, b] and kv.table.where[2, b]:
-                kv._insert(kv.tiers[DRAM], b)
+                kv.cascade.insert(kv.tiers[DRAM], b)
         yield kv.links.h2d.transfer(len(blocks) * block_bytes, block_bytes)
 
     def _track(self, blocks: list[int], event: simpy.Event) -> None:

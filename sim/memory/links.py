@@ -75,6 +75,12 @@ class Link:
         """Transfers sharing the link now."""
         return len(self._active)
 
+    @property
+    def bytes_on_the_wire(self) -> float:
+        """Bytes of the transfers that joined the link, counted as submitted (the invariants
+        check that delivered + these never exceed what was submitted)."""
+        return sum(job.nbytes for job in self._active.values())
+
     def _advance(self) -> None:
         now = self.env.now
         elapsed = now - self._last

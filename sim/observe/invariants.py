@@ -27,16 +27,16 @@ rule and the state that broke it. It is a simulator bug, not a bad input.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import numpy as np
+import pandas as pd
 
-from sim.memory.blocks import DRAM, HBM
 from sim.errors import KvsimError
+from sim.instance.instance import Instance
 from sim.instance.scheduler import FINISHED, REJECTED
-
-if TYPE_CHECKING:
-    from sim.instance.instance import Engine, RunResult
+from sim.memory.blocks import DRAM, HBM
+from sim.memory.fabric import Fabric
 
 BYTES_TOLERANCE = 1e-9  # relative: float sums of a few large byte counts
 
@@ -46,10 +46,12 @@ class InvariantViolation(KvsimError):
 
 
 class Invariants:
-    """The checks of one engine run; :func:`attach` calls them."""
+    """The checks of one instance's run: an observer of its steps (:meth:`step_ended`), and
+    of the run's end (:meth:`run_ended`, called by ``sim.run``)."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, instance: Instance, fabric: Fabric):
+        self.engine = instance
+        self.fabric = fabric
         self.step = 0
 
     def fail(self, rule: str, state: str) -> NoReturn:
@@ -59,7 +61,7 @@ class Invariants:
             f"invariant violated after step {self.step} (t = {now:.6f} s): {rule}; {state}"
         )
 
-    def after_step(self, row: dict[str, float]) -> None:
+    def step_ended(self, row: dict[str, float]) -> None:
         """Every per-step check (module docstring) on the state and the step's timeline row."""
         self.step += 1
         self.check_tiers()
@@ -173,8 +175,8 @@ class Invariants:
         left = [b for b, n in holds.items() if kv.table.ref[b] == n and where[HBM, b]]
         if kv.home is kv.tiers[HBM] and left:
             self.fail("a block only swapped-out requests hold is in HBM", f"block {left[0]}")
-        if holds != kv.swap_holds:
-            wrong = sorted(set(holds.items()) ^ set(kv.swap_holds.items()))[0]
+        if holds != kv.swap.holds:
+            wrong = sorted(set(holds.items()) ^ set(kv.swap.holds.items()))[0]
             self.fail(
                 "swapped-out holders miscounted", f"block {wrong[0]}: {wrong[1]} on one side only"
             )
@@ -193,8 +195,8 @@ class Invariants:
 
     def check_links(self, final: bool) -> None:
         """Bytes submitted = delivered + in flight (in flight: 0 at the end)."""
-        for link in self.engine.links.all():
-            active = sum(job.nbytes for job in link._active.values())
+        for link in self.fabric.all_links():
+            active = link.bytes_on_the_wire
             submitted, delivered = link.bytes_submitted, link.bytes_delivered
             tol = BYTES_TOLERANCE * max(submitted, 1.0)
             in_flight = submitted - delivered
@@ -210,7 +212,7 @@ class Invariants:
                     f"submitted {submitted:.0f}, delivered {delivered:.0f}",
                 )
 
-    def after_run(self, result: RunResult) -> None:
+    def run_ended(self, requests: pd.DataFrame) -> None:
         """Every request finished or rejected with a reason; nothing held; links drained."""
         engine = self.engine
         s, kv = engine.scheduler, engine.kv
@@ -233,31 +235,7 @@ class Invariants:
         held = [rid for rid, blocks in enumerate(kv.blocks) if blocks]
         if held or int(kv.table.ref[: kv.table.size].sum()):
             self.fail("blocks still referenced after the run", f"held by requests {held[:5]}")
-        statuses = result.requests.status.value_counts().to_dict()
+        statuses = requests.status.value_counts().to_dict()
         if statuses.get("finished", 0) != len(done) or statuses.get("rejected", 0) != len(rejected):
             self.fail("the requests table disagrees with the scheduler", f"{statuses}")
         self.check_links(final=True)
-
-
-def attach(engine: Engine) -> Invariants:
-    """Check ``engine`` after each step and at the end of its run.
-
-    NOTE: the checks wrap the instance's ``timeline.record`` (called once per step, after
-    the step is applied, with the row it writes) and ``run``: the engine's code stays free
-    of checks but for the one line that calls this.
-    """
-    checks = Invariants(engine)
-    record, run = engine.timeline.record, engine.run
-
-    def checked_record(**row: float) -> None:
-        record(**row)
-        checks.after_step(row)
-
-    def checked_run() -> RunResult:
-        result = run()
-        checks.after_run(result)
-        return result
-
-    engine.timeline.record = checked_record  # type: ignore[method-assign]
-    engine.run = checked_run  # type: ignore[method-assign]
-    return checks

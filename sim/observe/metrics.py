@@ -1,109 +1,15 @@
-"""Per-step timeline, per-request table and the run summary."""
+"""A run's per-request table and its summary (from the timeline and the requests)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from operator import itemgetter
 
 import numpy as np
 import pandas as pd
 
+from sim.instance.instance import Instance
+from sim.memory.blocks import DRAM, HBM, SSD
 from sim.workload.requests import Requests
-
-TIMELINE_COLUMNS = (
-    "time_s",
-    "step_s",
-    "batch_size",
-    "step_tokens",
-    "prefill_tokens",
-    "decode_tokens",
-    "sampled",
-    "linear_s",
-    "attention_s",
-    "overhead_s",
-    "stall_s",
-    "running",
-    "waiting",
-    "preempted",
-    "hbm_weights_bytes",
-    "hbm_reserve_bytes",
-    "hbm_activation_bytes",
-    "hbm_kv_running_bytes",
-    "hbm_kv_cached_bytes",
-    "hbm_staging_bytes",
-    "hbm_kv_bytes",
-    "hbm_kv_pool_bytes",
-    "hbm_free_bytes",
-    "dram_kv_bytes",
-    "ssd_kv_bytes",
-    "h2d_bytes",
-    "d2h_bytes",
-    "ssd_read_bytes",
-    "ssd_write_bytes",
-    "h2d_util",
-    "d2h_util",
-    "hbm_hit_blocks",
-    "dram_hit_blocks",
-    "ssd_hit_blocks",
-    "access_hbm_hits",
-)
-FLOAT_COLUMNS = frozenset(
-    ("time_s", "step_s", "linear_s", "attention_s", "overhead_s", "stall_s", "h2d_util", "d2h_util")
-)
-
-
-class Timeline:
-    """Collects one row per engine step into float64 chunks (a DataFrame at the end).
-
-    A row costs 8 bytes per column, not a tuple of Python floats: a long run's timeline
-    stays small (bounded memory for million-request runs).
-    """
-
-    CHUNK_ROWS = 4096
-
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
-        self._fill = self.CHUNK_ROWS
-        self._row = itemgetter(*TIMELINE_COLUMNS)
-
-    def record(self, **row: float) -> None:
-        """Append one step; keys are exactly :data:`TIMELINE_COLUMNS`."""
-        if self._fill == self.CHUNK_ROWS:
-            self._chunks.append(np.empty((self.CHUNK_ROWS, len(TIMELINE_COLUMNS))))
-            self._fill = 0
-        self._chunks[-1][self._fill] = self._row(row)
-        self._fill += 1
-
-    def record_many(self, rows: int, **columns: float | np.ndarray) -> None:
-        """Append ``rows`` steps at once; a column is one value per row, or one for all."""
-        block = np.empty((len(TIMELINE_COLUMNS), rows))
-        for i, value in enumerate(self._row(columns)):
-            block[i] = value
-        block = block.T
-        done = 0
-        while done < rows:
-            if self._fill == self.CHUNK_ROWS:
-                self._chunks.append(np.empty((self.CHUNK_ROWS, len(TIMELINE_COLUMNS))))
-                self._fill = 0
-            take = min(rows - done, self.CHUNK_ROWS - self._fill)
-            self._chunks[-1][self._fill : self._fill + take] = block[done : done + take]
-            self._fill += take
-            done += take
-
-    def __len__(self) -> int:
-        return (len(self._chunks) - 1) * self.CHUNK_ROWS + self._fill if self._chunks else 0
-
-    def to_frame(self) -> pd.DataFrame:
-        """The timeline as a DataFrame (integer columns stay integers)."""
-        if self._chunks:
-            data = np.concatenate(self._chunks)[: len(self)]
-        else:
-            data = np.zeros((0, len(TIMELINE_COLUMNS)))
-        frame = pd.DataFrame(data, columns=list(TIMELINE_COLUMNS))
-        for column in TIMELINE_COLUMNS:
-            if column not in FLOAT_COLUMNS:
-                frame[column] = frame[column].astype(np.int64)
-        return frame
 
 
 def request_frame(
@@ -177,3 +83,24 @@ def summarize(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float)
         sim_time_s=float(sim_time_s),
     )
     return summary
+
+
+def tier_summary(instance: Instance) -> dict:
+    """The summary's hit rates, link bytes, stalls and swaps of one instance."""
+    c, links = instance.kv.counters, instance.links
+    lookups = max(c.lookup_blocks, 1)
+    return {
+        "hbm_hit_rate": c.hits[HBM] / lookups,
+        "dram_hit_rate": c.hits[DRAM] / lookups,
+        "ssd_hit_rate": c.hits[SSD] / lookups,
+        "prefix_lookup_blocks": c.lookup_blocks,
+        "prefix_hit_tokens": c.prefix_hit_tokens,
+        "recomputed_tokens": instance.scheduler.recomputed_tokens,
+        "hbm_access_hit_rate": c.access_hbm_hits / max(c.access_blocks, 1),
+        "h2d_bytes": links.h2d.bytes_delivered,
+        "d2h_bytes": links.d2h.bytes_delivered,
+        "ssd_read_bytes": links.ssd_read.bytes_delivered,
+        "ssd_write_bytes": links.ssd_write.bytes_delivered,
+        "stall_s": instance.stall_s,
+        "swaps": c.swaps,
+    }

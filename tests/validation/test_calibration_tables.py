@@ -9,8 +9,8 @@ from sim.cli import main
 from sim.config import load_hardware
 from sim.config.hardware import HardwareSpec
 from sim.config.loader import read_yaml, validate
-from sim.cost.roofline import CostParams, gemm_seconds
 from sim.cost.optables import read_tables
+from sim.cost.roofline import CostParams, gemm_seconds
 from validation.opsfit import fit_ops, leave_one_model_out, peaks_of, usable_rows
 
 BUNDLED = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim.config.loader import build_config, load_hardware  # noqa: E402
-from sim.instance.instance import simulate  # noqa: E402
 from sim.errors import KvsimError  # noqa: E402
+from sim.run import simulate  # noqa: E402
 from sim.workload import build_requests  # noqa: E402
 from validation.engine import MiniEngine  # noqa: E402
 from validation.torchmodel import (  # noqa: E402

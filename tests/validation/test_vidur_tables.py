@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sim.errors import KvsimError
 from sim.cost.optables import read_tables, vidur_to_long
+from sim.errors import KvsimError
 
 OPS = (
     "emb",

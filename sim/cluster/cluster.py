@@ -1,0 +1,41 @@
+"""A cluster: instances on one host fabric, fed by one arrival feed. ``kvsim run`` builds a
+cluster of one instance, which gives exactly the single-engine results."""
+
+from __future__ import annotations
+
+from sim.cluster.feed import ArrivalFeed
+from sim.config.run import RunConfig
+from sim.instance.instance import Instance
+from sim.kv.pools import HostPool, host_pool
+from sim.kv.prefix import lost_block_cost, prefix_hashes
+from sim.memory.fabric import Fabric
+from sim.workload.requests import Requests
+
+
+class Cluster:
+    """The fabric (clock, links, block table), the host's KV pool, the instances, the feed."""
+
+    def __init__(self, config: RunConfig, requests: Requests):
+        self.config, self.requests = config, requests
+        self.fabric = Fabric(config.hardware)
+        self.host: HostPool = host_pool(config, self.fabric.table, self._lost_cost())
+        self.instance = Instance(config, requests, self.fabric, self.host, gpu=0)
+        self.instances = [self.instance]
+        self.feed = ArrivalFeed(self.fabric.env, requests.arrival_s, self.instance)
+        self.instance.arrivals = self.feed
+
+    def _lost_cost(self):
+        """What losing a block from the host's tiers costs (cost-aware eviction policies)."""
+        cached = self.config.kv.prefix_caching and self.requests.prefix_hashes is not None
+        hashes = prefix_hashes(self.requests, cached)
+        return lost_block_cost(self.fabric.table, hashes, self.config.engine.block_tokens)
+
+    def run(self) -> float:
+        """Simulate until every request has finished or been rejected; the time it ended
+        (asynchronous copies, such as write-through, drain after it)."""
+        env = self.fabric.env
+        env.process(self.feed.process())
+        env.run(env.process(self.instance.steps()))
+        end = env.now
+        env.run()
+        return end

@@ -1,0 +1,41 @@
+"""The scheduler's rule, written once: the scheduler (:mod:`sim.instance.scheduler`) and the
+run-ahead planners (:mod:`sim.instance.runs`, :mod:`sim.instance.step_planner`) call these.
+Each rule that runs over numpy arrays in one caller and over lists in another has both forms
+side by side (tests/test_rules.py checks them equal)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def share_budget(remaining: np.ndarray, budget: int) -> np.ndarray:
+    """Tokens each running request gets this step, in order: all it still needs while the
+    token ``budget`` lasts (``remaining``: what each needs)."""
+    if int(remaining.sum()) <= budget:  # everyone gets all it needs (the usual decode step)
+        return remaining
+    return np.clip(budget - (np.cumsum(remaining) - remaining), 0, remaining)
+
+
+def share_budget_list(remaining: list[int], budget: int) -> list[int]:
+    """:func:`share_budget` over a list of ints."""
+    if sum(remaining) <= budget:
+        return remaining
+    tokens, left = [], budget
+    for r in remaining:
+        tokens.append(min(max(left, 0), r))
+        left -= r
+    return tokens
+
+
+def admitted_tokens(total: int, start: int, budget: int, chunked: bool) -> int | None:
+    """Tokens a waiting request computes in its first step, starting at token ``start`` of
+    its ``total``, with ``budget`` tokens left; None if the budget refuses it (no chunked
+    prefill, and its rest does not fit)."""
+    if not chunked and total - start > budget:
+        return None
+    return min(total - start, budget)
+
+
+def blocks_for(tokens: int, block_tokens: int) -> int:
+    """Blocks that hold ``tokens`` tokens."""
+    return -(-tokens // block_tokens)

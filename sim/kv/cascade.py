@@ -1,0 +1,133 @@
+"""Room in a tier: evict, and send each victim down the tiers (a copy below, or lost).
+
+A victim of a tier whose ``keeps_below`` is set is copied to the tier below if it is a
+cached prefix block (hashed, unreferenced) and room can be made there (which may evict in
+turn: the cascade); otherwise it is lost, and a block in no tier and in no request's hands
+is dropped from the block table. The mode's hooks say what else a victim means
+(:class:`sim.kv.modes.base.Mode`: ``hbm_victims``, ``left_home``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.kv.clock import PlanClock
+from sim.kv.copies import CopyQueue
+from sim.kv.hooks import ModeRules, PrefetchHooks
+from sim.memory.blocks import DRAM, HBM, SSD, BlockTable
+from sim.memory.tiers import Tier
+
+FEW_VICTIMS = 8  # victims demoted one at a time (cheaper than arrays for so few)
+
+
+class Cascade:
+    """Evictions and demotions over the tiers of one block table."""
+
+    def __init__(
+        self, table: BlockTable, tiers: list[Tier], keeps_below: list[bool], prefix: bool,
+        copies: CopyQueue, clock: PlanClock,
+    ):  # fmt: skip
+        self.table, self.tiers, self.keeps_below = table, tiers, keeps_below
+        self.prefix = prefix  # cached prefix blocks exist (worth keeping below)
+        self.copies, self.clock = copies, clock
+        self.mode: ModeRules
+        self.prefetch: PrefetchHooks
+
+    def below(self, tier: Tier) -> Tier | None:
+        """Where ``tier``'s eviction victims are copied (None: they are lost)."""
+        return self.tiers[tier.index + 1] if self.keeps_below[tier.index] else None
+
+    def make_room(self, tier: Tier, n: int, pinned: np.ndarray | None = None) -> None:
+        """Evict until ``n`` blocks fit in ``tier`` (the caller checked ``available``).
+
+        Blocks a prefetcher asks to keep (``prefetch.spare``) go last, when nothing else can.
+        """
+        spare = self.prefetch.spare
+        if spare is not None and pinned is None and tier.index == HBM:
+            self.demote_many(tier.evict(n - tier.free_slots, spare), tier)
+        self.demote_many(tier.evict(n - tier.free_slots, pinned), tier)
+
+    def insert(self, tier: Tier, b: int) -> bool:
+        """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made."""
+        if tier.available < 1:
+            return False
+        self.make_room(tier, 1)
+        tier.add(b, self.clock.now, evictable=True)
+        return True
+
+    def demote(self, b: int, tier: Tier) -> None:
+        """After ``b`` was evicted from ``tier``: copy it down if worth keeping, else forget it."""
+        t = self.table
+        if t.owner[b] < 0:  # already dropped: room made below for an earlier victim took it
+            return
+        if tier.index == HBM and self.mode.hbm_victims([b]):
+            return
+        if tier.index == HBM and self.prefetch.active:
+            self.prefetch.forget(b)
+        if tier is self.mode.home and t.where[HBM, b]:
+            self.mode.left_home(np.array([b], dtype=np.int64))
+        below = self.below(tier)
+        if (
+            below is not None
+            and self.prefix
+            and t.hash[b]
+            and t.ref[b] == 0  # a cached prefix block: worth keeping
+            and not t.where[below.index, b]
+            and self.insert(below, b)
+        ):
+            # an HBM slot is reused only after its copy left: that copy blocks the step
+            link = "d2h" if tier.index == HBM else "ssd_write"
+            self.copies.add(link, below.block_bytes, blocking=tier.index == HBM)
+        where = t.where
+        if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
+            t.drop(b)
+
+    def demote_many(self, victims: list[int], tier: Tier) -> None:
+        """:meth:`demote` each of ``victims`` (just evicted from ``tier``), in order.
+
+        NOTE: while the tier below has a free slot for each copy going down, no demotion
+        evicts there, so none changes another victim's state: those victims go in bulk; from
+        the first copy that would have to evict on, one at a time.
+        """
+        if not victims:
+            return
+        if tier.index == HBM and self.mode.hbm_victims(victims):
+            return
+        if len(victims) <= FEW_VICTIMS:
+            for b in victims:
+                self.demote(b, tier)
+            return
+        t = self.table
+        ids = np.asarray(victims, dtype=np.int64)
+        ids = ids[t.owner[ids] >= 0]
+        below = self.below(tier)
+        down = np.zeros(len(ids), dtype=bool)
+        if self.prefix and below is not None and below.available >= 1:
+            down = (t.hash[ids] != 0) & (t.ref[ids] == 0) & ~t.where[below.index, ids]
+        cut = len(ids)
+        going = np.flatnonzero(down)
+        if below is not None and len(going) > below.free_slots:
+            cut = int(going[below.free_slots])
+        self._demote_bulk(ids[:cut], down[:cut], tier, below)
+        for b in ids[cut:].tolist():
+            self.demote(b, tier)
+
+    def _demote_bulk(
+        self, ids: np.ndarray, down: np.ndarray, tier: Tier, below: Tier | None
+    ) -> None:
+        """:meth:`demote` ``ids`` in bulk: ``down`` ones get a copy below, with no eviction."""
+        t = self.table
+        if tier.index == HBM and self.prefetch.active:
+            for b in ids.tolist():
+                self.prefetch.forget(b)
+        if tier is self.mode.home:
+            self.mode.left_home(ids)
+        if below is not None and down.any():
+            going = ids[down]
+            below.add_evictable_many(going, self.clock.now)
+            link = "d2h" if tier.index == HBM else "ssd_write"
+            self.copies.add_each(link, below.block_bytes, len(going), blocking=tier.index == HBM)
+        where = t.where
+        gone = ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids]) & (t.ref[ids] == 0)
+        if gone.any():
+            t.drop_many(ids[gone])

@@ -1,0 +1,102 @@
+"""Taking a cached prefix: reference its blocks, and bring those in lower tiers home."""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from sim.kv.parts import KvParts
+from sim.kv.prefix import PrefixHits
+from sim.memory.blocks import DRAM, HBM, SSD
+from sim.memory.tiers import Tier
+
+
+class PrefixLoads:
+    """Prefix hits taken by admitted requests, and the loads of their lower-tier blocks
+    (``in_flight``; ``kv.on_loaded(rid)`` when one lands)."""
+
+    def __init__(self, kv: KvParts):
+        self.kv = kv
+        self.in_flight = 0
+
+    def take(self, rid: int, hits: PrefixHits) -> bool:
+        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
+        kv = self.kv
+        c, t, home = kv.counters, kv.table, kv.mode.home
+        c.lookup_blocks += kv.index.lookup_blocks(rid)
+        now = kv.now
+        loads = self._reference(hits)
+        on_ssd = [b for b in loads if not t.where[DRAM, b]]
+        sources = self._pin_sources(loads)
+        kv.cascade.make_room(home, len(loads))
+        for b in loads:
+            home.add(b, now, evictable=False)
+        kv.holdings.blocks[rid] = hits.blocks.tolist()
+        kv.holdings.held[rid] = len(hits)
+        kv.index.registered[rid] = len(hits)
+        c.prefix_hit_tokens += len(hits) * kv.bt
+        waits: list[simpy.Event] = []
+        if kv.prefetch.active:
+            kv.prefetch.admitted(rid, float(kv.arrival_s[rid]))
+            in_hbm = hits.blocks[t.where[HBM, hits.blocks]].tolist()
+            kv.prefetch.used(in_hbm)
+            waits = kv.prefetch.waits(in_hbm)  # staged copies still on their way
+        if loads or waits:
+            self.in_flight += 1
+            kv.env.process(self._load(rid, loads, on_ssd, sources, waits))
+        return bool(loads or waits)
+
+    def _reference(self, hits: PrefixHits) -> list[int]:
+        """Count and reference the hit blocks, pin those at home; returns the others.
+
+        NOTE: one at a time, each home block was pinned then touched; a touch after a pin
+        does nothing (a pinned block is not evictable), so pinning them all is the same.
+        """
+        if not len(hits):
+            return []
+        kv = self.kv
+        c, t, home = kv.counters, kv.table, kv.mode.home
+        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+            c.hits[i] += n
+        at = hits.blocks
+        np.add.at(t.ref, at, 1)
+        at_home = (hits.tiers == home.index) | t.where[home.index, at]
+        home.pin_many(at[at_home].tolist())
+        return at[~at_home].tolist()
+
+    def _pin_sources(self, blocks: list[int]) -> list[tuple[Tier, int]]:
+        """Pin the lower-tier copy each load reads (DRAM, else SSD), so that making room
+        cannot evict it before the copy is done; returns what it pinned."""
+        kv, pinned = self.kv, []
+        for b in blocks:
+            tier = kv.tiers[DRAM if kv.table.where[DRAM, b] else SSD]
+            if b in tier.evictable:
+                tier.pin(b)
+                pinned.append((tier, b))
+        return pinned
+
+    def _load(
+        self, rid: int, blocks: list[int], on_ssd: list[int], sources: list[tuple[Tier, int]],
+        waits: list[simpy.Event],
+    ):  # fmt: skip
+        """Bring lower-tier blocks home: ``on_ssd`` ones SSD -> DRAM, then (offload) all
+        DRAM -> HBM; release the pinned ``sources``; wait for the prefetch copies of its
+        blocks still in flight."""
+        kv = self.kv
+        dram, home = kv.tiers[DRAM], kv.mode.home
+        if on_ssd:
+            yield kv.links.ssd_read.transfer(len(on_ssd) * dram.block_bytes)
+            if home is not dram:
+                for b in on_ssd:
+                    if not kv.table.where[DRAM, b]:
+                        kv.cascade.insert(dram, b)
+        if home.index == HBM and blocks:
+            yield kv.links.h2d.transfer(len(blocks) * dram.block_bytes, dram.block_bytes)
+        now = kv.now
+        for tier, b in sources:
+            if kv.table.where[tier.index, b]:
+                tier.make_evictable(b, now)
+        if waits:
+            yield simpy.AllOf(kv.env, waits)
+        self.in_flight -= 1
+        kv.on_loaded(rid)

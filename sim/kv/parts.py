@@ -1,0 +1,65 @@
+"""The KV manager's parts as the others see them (:class:`KvParts`, which
+:class:`sim.kv.manager.KvManager` satisfies), and its running counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import simpy
+
+from sim.config.run import RunConfig
+from sim.kv.access import AccessModel
+from sim.kv.cascade import Cascade
+from sim.kv.copies import CopyQueue
+from sim.kv.hooks import ModeRules, PrefetchHooks
+from sim.kv.prefix import PrefixHits, PrefixIndex
+from sim.kv.reads import Holdings
+from sim.memory.blocks import BlockTable
+from sim.memory.links import Links
+from sim.memory.tiers import Tier
+
+
+@dataclass
+class Counters:
+    """Running totals for the summary (and per-step deltas for the timeline)."""
+
+    lookup_blocks: int = 0
+    hits: list[int] = field(default_factory=lambda: [0, 0, 0])
+    prefix_hit_tokens: int = 0
+    access_blocks: int = 0
+    access_hbm_hits: int = 0
+    swaps: int = 0
+
+
+class KvParts(Protocol):
+    """One instance's KV state and parts, as the modes, swap, loads and prefetch use them."""
+
+    config: RunConfig
+    env: simpy.Environment
+    links: Links
+    table: BlockTable
+    tiers: list[Tier]
+    bt: int
+    layers: int
+    access: AccessModel
+    counters: Counters
+    holdings: Holdings
+    index: PrefixIndex
+    copies: CopyQueue
+    cascade: Cascade
+    mode: ModeRules
+    prefetch: PrefetchHooks
+    step_reads: np.ndarray
+    arrival_s: np.ndarray
+    on_loaded: Callable[[int], None]
+
+    @property
+    def now(self) -> float: ...
+
+    @property
+    def swapped(self) -> set[int]: ...
+
+    def match(self, rid: int) -> PrefixHits: ...

@@ -1,0 +1,141 @@
+"""Prefix identity: which cached blocks hold a request's prompt prefix, and its progress in
+registering the blocks it computes (so that later requests find them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.memory.blocks import BlockTable
+from sim.workload.requests import Requests
+
+PREFIX_MEMO = 64  # requests whose prefix lookups are memoised
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixHits:
+    """A prompt's longest cached prefix: its blocks in order, and the tier each is read from."""
+
+    blocks: np.ndarray
+    tiers: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """(block, tier) pairs."""
+        return zip(self.blocks.tolist(), self.tiers.tolist(), strict=True)
+
+
+NO_HITS = PrefixHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def prefix_hashes(requests: Requests, enabled: bool) -> list[np.ndarray] | None:
+    """Each request's block hashes that can ever be registered: its prompt's, and (with
+    prefix caching) those of blocks that fill up while generating (the next turn's prompt)."""
+    hashes = requests.prefix_hashes
+    if enabled and hashes is not None and requests.output_hashes is not None:
+        return [np.concatenate((p, o)) for p, o in zip(hashes, requests.output_hashes, strict=True)]
+    return hashes
+
+
+def lost_block_cost(
+    table: BlockTable, hashes: list[np.ndarray] | None, block_tokens: int
+) -> Callable[[int], float]:
+    """What losing a block costs: the tokens from it to the end of its prefix chain (its
+    owner's hashed blocks), which a prefix match can no longer reach without it (a match
+    stops at the first missing block); one block's tokens for a block past the chain. The
+    start of a long shared prefix is worth the most."""
+    hashed_blocks = np.array([len(h) for h in hashes or ()], dtype=np.int64)
+
+    def cost(b: int) -> float:
+        owner, position = int(table.owner[b]), int(table.position[b])
+        end = int(hashed_blocks[owner]) if len(hashed_blocks) else 0
+        return float(max(end - position, 1) * block_tokens)
+
+    return cost
+
+
+class PrefixIndex:
+    """Hash-chain lookups of prompt prefixes in the block table's index (memoised), and
+    how many of each request's hashed blocks are registered (``registered``)."""
+
+    def __init__(
+        self, table: BlockTable, requests: Requests, block_tokens: int, enabled: bool,
+        lookup_tiers: int,
+    ):  # fmt: skip
+        self.table = table
+        self.bt = block_tokens
+        self.enabled = enabled and requests.prefix_hashes is not None
+        self.lookup_tiers = lookup_tiers  # tiers a hit may be read from (HBM first)
+        self.hashes = prefix_hashes(requests, self.enabled)
+        # blocks of each request that can ever be registered (its hashes)
+        self.hashed_blocks = np.array([len(h) for h in self.hashes or ()], dtype=np.int64)
+        self.prompt = requests.prompt_tokens
+        self.registered = np.zeros(len(requests), dtype=np.int64)
+        self._memo: dict[int, tuple[int, np.ndarray]] = {}  # rid -> (index version, ids)
+
+    def lookup_blocks(self, rid: int) -> int:
+        """Blocks a lookup of ``rid``'s prompt covers (its full blocks but the last token)."""
+        return min(len(self.hashes[rid]), (int(self.prompt[rid]) - 1) // self.bt)
+
+    def match(self, rid: int) -> PrefixHits:
+        """The longest cached prefix of ``rid``'s prompt (one token left over)."""
+        if not self.enabled:
+            return NO_HITS
+        ids = np.asarray(self._indexed_prefix(rid), dtype=np.int64)
+        if not len(ids):
+            return NO_HITS
+        where = self.table.where[: self.lookup_tiers, ids]
+        present = where.any(axis=0)
+        cut = len(ids) if present.all() else int(np.argmin(present))
+        return PrefixHits(ids[:cut], np.argmax(where[:, :cut], axis=0))
+
+    def _indexed_prefix(self, rid: int) -> np.ndarray:
+        """Blocks registered under ``rid``'s leading prompt hashes, up to the first that is not.
+
+        Memoised per request. While the index is unchanged the memo stands; after a change,
+        its blocks up to the first that no longer holds its hash still stand (a block holds a
+        hash exactly while the index maps the hash to it), and the lookups go on from there
+        (if the memo holds all, from its next hash only if that one is registered now).
+        """
+        version, memo = self.table.index_version, self._memo.get(rid)
+        if memo is not None and memo[0] == version:
+            return memo[1]
+        hashes = self.hashes[rid]  # (a request's hashes and prompt never change)
+        limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+        if memo is not None:
+            ids = memo[1]
+            held = self.table.hash[ids] == hashes[: len(ids)]
+            m = len(ids) if held.all() else int(held.argmin())
+            if m < len(ids) or (m < limit and int(hashes[m]) in self.table.index):
+                ids = np.concatenate((ids[:m], self._lookups(hashes[m:limit])))
+        else:
+            ids = self._lookups(hashes[:limit])
+            if len(self._memo) >= PREFIX_MEMO:  # the queue head, a prefetch lookahead
+                self._memo = {}
+        self._memo[rid] = (version, ids)
+        return ids
+
+    def _lookups(self, hashes: np.ndarray) -> np.ndarray:
+        """The blocks the index holds for ``hashes``, up to the first it does not hold."""
+        ids = list(map(self.table.index.get, hashes.tolist()))
+        if None in ids:
+            del ids[ids.index(None) :]
+        return np.array(ids, dtype=np.int64)
+
+    def newly_full(self, rid: int, held_blocks: int, computed: int) -> tuple[int, int] | None:
+        """The range ``[start, full)`` of ``rid``'s blocks that ``computed`` tokens fill and
+        are not registered yet (None: nothing new)."""
+        hashes, start = self.hashes[rid], int(self.registered[rid])
+        if start >= len(hashes):  # the usual call, once its hashed blocks are all registered
+            return None
+        full = min(computed // self.bt, len(hashes), held_blocks)
+        return (start, full) if full > start else None
+
+    def growing(self, ids: np.ndarray, computed: np.ndarray) -> np.ndarray:
+        """Indices into ``ids`` (holding ``computed`` tokens) with a newly full hashed block."""
+        full = np.minimum(computed // self.bt, self.hashed_blocks[ids])
+        return np.flatnonzero(full > self.registered[ids])

@@ -1,0 +1,85 @@
+"""One simulation: build the workload and a cluster of one instance, attach the observers
+the config asks for, run, and gather what a run directory holds (``sim.rundir`` writes it)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from sim.cluster.cluster import Cluster
+from sim.config.run import RunConfig
+from sim.memory.hbm_plan import HbmPlan
+from sim.observe.heatlog import HeatLog
+from sim.observe.invariants import Invariants
+from sim.observe.metrics import request_frame, summarize, tier_summary
+from sim.workload import build_requests
+from sim.workload.requests import Requests
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run returns; files are written by the caller (``sim.rundir``)."""
+
+    config: RunConfig
+    plan: HbmPlan
+    requests: pd.DataFrame
+    timeline: pd.DataFrame
+    summary: dict
+    kv_heat: pd.DataFrame | None = None  # per step, the blocks read (``engine.kv_heat``)
+
+
+def simulate(
+    config: RunConfig, requests: Requests | None = None, base_dir: Path = Path(".")
+) -> RunResult:
+    """Build the workload (unless given; trace paths resolve against ``base_dir``) and run."""
+    if requests is None:
+        requests = build_requests(
+            config.workload, config.seed, base_dir, config.engine.block_tokens
+        )
+    return Simulation(config, requests).run()
+
+
+class Simulation:
+    """A cluster of one instance with its observers: the heat log (``engine.kv_heat``) and
+    the invariants (``engine.check``), subscribed before the run. Its instance's parts are
+    at hand (``kv``, ``scheduler``, ...) for scripts and tests that look inside a run."""
+
+    def __init__(self, config: RunConfig, requests: Requests):
+        self.cluster = cluster = Cluster(config, requests)
+        self.config, self.instance = config, cluster.instance
+        self.env, self.fabric = cluster.fabric.env, cluster.fabric
+        instance = cluster.instance
+        self.kv, self.scheduler, self.timeline = instance.kv, instance.scheduler, instance.timeline
+        self.cost, self.plan, self.links = instance.cost, instance.plan, instance.links
+        engine = config.engine
+        self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
+        instance.kv.reads_observer = self.heat_log
+        self.checks = Invariants(instance, cluster.fabric) if engine.check else None
+        if self.checks is not None:
+            instance.observers.append(self.checks)
+
+    def run(self) -> RunResult:
+        """Simulate until every request has finished or been rejected."""
+        started = time.perf_counter()
+        cluster = self.cluster
+        end = cluster.run()
+        instance = cluster.instance
+        s, kv = instance.scheduler, instance.kv
+        requests = request_frame(
+            cluster.requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
+            s.reject_reason,
+        )  # fmt: skip
+        timeline = kv.prefetch.extend_timeline(instance.timeline.to_frame())  # prefetch columns
+        summary = summarize(requests, timeline, end)
+        summary.update(tier_summary(instance))
+        summary.update(kv.prefetch.summary())  # empty for prefetch: none
+        if cluster.requests.report is not None:
+            summary["workload"] = cluster.requests.report.as_dict()
+        summary["wall_time_s"] = time.perf_counter() - started
+        kv_heat = self.heat_log.frame() if self.heat_log is not None else None
+        if self.checks is not None:
+            self.checks.run_ended(requests)
+        return RunResult(cluster.config, instance.plan, requests, timeline, summary, kv_heat)
