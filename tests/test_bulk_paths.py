@@ -8,6 +8,7 @@ tier's residents, evictable and held sets and its policy's victim order, the que
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from policies.stamp_lru import StampLRU
 from sim.kv.manager import KvManager
 from sim.memory.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
 from sim.memory.tiers import Tier
-from sim.run import Simulation
+from sim.run import RunResult, Simulation
 from sim.workload import build_requests
 from tests.conftest import make_config
 
@@ -261,26 +262,39 @@ def ref_shrink(self, hbm, pinned):
         over = hbm.resident - hbm.capacity
 
 
-def ref_release(self, rid):
-    now = self.env.now
+# how often ref_release took a block shared with swapped-out requests out of HBM
+REF_BRANCHES: Counter[str] = Counter()
+
+
+def ref_release(self: KvManager, rid: int) -> None:
+    """``KvManager.release`` one block at a time, tail first (with or without prefix caching:
+    without it no block is hashed or shared). Its last block-by-block pass is the swap fix
+    (003a3c1): a block still in use that only swapped-out requests hold leaves HBM."""
+    now, t = self.now, self.table
     self._mirrors.pop(rid, None)
     if self.prefetch.sessions is not None:
         self.prefetch.turn_ended(rid, self.blocks[rid])
-    if not self.prefix and not self.prefetch.active:
-        self._release_unshared(rid)
-        return
-    t = self.table
-    blocks = np.asarray(self.blocks[rid][::-1], dtype=np.int64)
-    t.ref[blocks] -= 1
-    dead = blocks[t.ref[blocks] <= 0]
-    cached = (t.hash[dead] != 0) if self.prefix else np.zeros(len(dead), dtype=bool)
-    for b, keep in zip(dead.tolist(), cached.tolist(), strict=True):
-        if keep:
+    blocks = self.blocks[rid][::-1]
+    for b in blocks:
+        t.ref[b] -= 1
+    for b in blocks:
+        if t.ref[b] > 0:
+            continue
+        if self.prefix and t.hash[b] != NO_HASH:  # a cached prefix block: evictable
             for tier in self.tiers:
                 if t.where[tier.index, b]:
                     tier.make_evictable(b, now)
-        else:
-            self._forget(b)
+        else:  # forgotten
+            if self.prefetch.active:
+                self.prefetch.forget(b)
+            for tier in self.tiers:
+                if t.where[tier.index, b]:
+                    tier.remove(b)
+            t.drop(b)
+    for b in blocks:
+        if t.ref[b] > 0 and t.where[HBM, b] and t.ref[b] == self.swap_holds.get(b, 0):
+            self.tiers[HBM].remove(b)
+            REF_BRANCHES["left_hbm"] += 1
     self.blocks[rid] = []
     self.held[rid] = 0
     self.registered[rid] = 0
@@ -401,6 +415,8 @@ def kv_state(kv: KvManager):
         [list(b) for b in kv.blocks],
         kv.held.tolist(),
         kv.registered.tolist(),
+        sorted(kv.swapped),
+        sorted(kv.swap_holds.items()),
         kv.counters,
         kv.loads_in_flight,
     )
@@ -427,7 +443,8 @@ def _multi_turn(sessions: int) -> dict:
 def _engine(
     mode: str, eviction: str, dram: int, ssd: int, extra: dict, seed: int, swap: bool = False
 ) -> Simulation:
-    """A small engine with tight tiers (capacities in 2 MiB blocks) and shared prefixes."""
+    """A small engine with tight tiers (capacities in 2 MiB blocks) and shared prefixes; with
+    ``swap``, preemption by swap, from a pool small enough that seeds 0-50 all swap."""
     kv = {
         "mode": mode,
         "eviction": eviction,
@@ -436,7 +453,8 @@ def _engine(
         "access": {"kind": "sparse", "window_blocks": 4, "topk_blocks": 8},
         **extra,
     }
-    hbm = "engine.kv_pool_blocks=300" if mode != "dram_centric" else "engine.max_num_seqs=12"
+    pool = 150 if swap else 300
+    hbm = f"engine.kv_pool_blocks={pool}" if mode != "dram_centric" else "engine.max_num_seqs=12"
     config = make_config(
         hbm,
         "hardware.hbm.capacity=20GiB",
@@ -444,7 +462,7 @@ def _engine(
         f"seed={seed}",
         f"engine.preemption={'swap' if swap else 'recompute'}",
         kv=kv,
-        workload=_multi_turn(10),
+        workload=_multi_turn(14 if swap else 10),
     )
     requests = build_requests(config.workload, config.seed, Path("."), config.engine.block_tokens)
     return Simulation(config, requests)
@@ -466,6 +484,13 @@ TIGHT = [
     ("offload", "lru", 60, 50, {}),
     ("offload", "arc", 60, 40, {"write_policy": "write_back"}),
     ("offload", "fifo", 50, 0, {"prefetch": "queue_lookahead"}),
+]
+# swap preemption with prefix caching (dram_centric never swaps): DRAM with room for swaps
+SWAPPING = [
+    ("hbm", "lru", 2000, 0, {}),
+    ("offload", "lru", 600, 100, {}),
+    ("offload", "arc", 600, 0, {"write_policy": "write_back"}),
+    ("offload", "fifo", 600, 0, {"prefetch": "queue_lookahead"}),
 ]
 
 
@@ -543,14 +568,9 @@ def _take_with(kv: KvManager, rid: int, hits, monkeypatch) -> bool:
         return kv.take(rid, hits)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    case=st.sampled_from(TIGHT),
-    seed=st.integers(0, 50),
-    swap=st.booleans(),
-)
-def test_whole_runs_match_the_per_block_code(case, seed, swap):
-    """A run with every bulk path equals one with each replaced by single-block calls."""
+def _whole_runs(case: tuple, seed: int, swap: bool) -> RunResult:
+    """The same run with the bulk paths and with :data:`REFERENCES`: asserts they end equal
+    (outputs and the manager's whole state) and returns the bulk run's result."""
     runs = []
     for references in (False, True):
         with pytest.MonkeyPatch.context() as m:
@@ -560,11 +580,35 @@ def test_whole_runs_match_the_per_block_code(case, seed, swap):
                 m.delattr(LRU, "on_insert_many")
             engine = _engine(*case, seed=seed, swap=swap)
             result = engine.run()
+            result.summary.pop("wall_time_s")
             runs.append((result, kv_state(engine.kv)))
     (bulk, bulk_state), (loop, loop_state) = runs
     pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
     pd.testing.assert_frame_equal(bulk.timeline, loop.timeline, check_exact=True)
-    bulk.summary.pop("wall_time_s")
-    loop.summary.pop("wall_time_s")
     assert bulk.summary == loop.summary
     assert bulk_state == loop_state
+    return bulk
+
+
+RUNS = [(case, False) for case in TIGHT] + [(case, True) for case in SWAPPING]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=st.sampled_from(RUNS), seed=st.integers(0, 50))
+def test_whole_runs_match_the_per_block_code(run, seed):
+    """A run with every bulk path equals one with each replaced by single-block calls; the
+    runs with swap preemption swap (with prefix caching: shared prefixes swapped out)."""
+    case, swap = run
+    result = _whole_runs(case, seed, swap)
+    assert (result.summary["swaps"] > 0) == swap
+
+
+@pytest.mark.parametrize("case", SWAPPING, ids=[f"{c[0]}-{c[1]}" for c in SWAPPING])
+def test_swapping_runs_match_the_per_block_code(case):
+    """Runs that swap out requests sharing a prefix with running ones, and release the last
+    running holder of a prefix that swapped-out ones still hold (a case the swap fix covers,
+    which ``ref_release`` spells out)."""
+    REF_BRANCHES.clear()
+    result = _whole_runs(case, seed=1, swap=True)
+    assert result.summary["swaps"] > 0 and result.summary["prefix_hit_tokens"] > 0
+    assert REF_BRANCHES["left_hbm"] > 0
