@@ -97,12 +97,12 @@ def with_checks(sweep: Sweep) -> Sweep:
 
 
 def check_fits(config: RunConfig) -> None:
-    """Raise the engine's ConfigError when the model leaves no HBM for KV (as start-up would)."""
-    from sim.cost.roofline import CostModel, CostParams
+    """Raise the start-up ConfigError of a point: a cost table that cannot price its model,
+    or a model that leaves no HBM for KV (as ``sim.cluster.Cluster`` would)."""
+    from sim.cost import cost_model_for
     from sim.memory.hbm_plan import plan_hbm
 
-    cost = CostModel(config.model, CostParams.from_hardware(config.hardware), config.kv_dtype_bytes)
-    plan_hbm(config, cost)
+    plan_hbm(config, cost_model_for(config))
 
 
 # --- reading the sweep file ---------------------------------------------------------------

@@ -54,6 +54,7 @@ class Simulation:
         instance = cluster.instance
         self.kv, self.scheduler, self.timeline = instance.kv, instance.scheduler, instance.timeline
         self.cost, self.plan, self.links = instance.cost, instance.plan, instance.links
+        self.decode_runs = instance.decode_runs
         engine = config.engine
         self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
         instance.kv.reads_observer = self.heat_log

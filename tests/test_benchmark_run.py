@@ -56,7 +56,7 @@ def test_profile_writes_the_workloads_report(tmp_path):
     row = run.run_one("3", profile=tmp_path / "3.txt")
     assert row["steps"] > 0 and "error" not in row
     report = (tmp_path / "3.txt").read_text()
-    assert "_run_engine" in report and "Engine.run" in report
+    assert "_run_engine" in report and "Cluster.run" in report
 
 
 @pytest.mark.parametrize(

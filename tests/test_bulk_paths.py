@@ -17,11 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.kv.manager
+import sim.kv.cascade
 from policies.lru import LRU
 from policies.registry import make_eviction
 from policies.stamp_lru import StampLRU
+from sim.kv.cascade import Cascade
+from sim.kv.loads import PrefixLoads
 from sim.kv.manager import KvManager
+from sim.kv.modes.dram_centric import DramCentricMode
 from sim.memory.blocks import DRAM, HBM, NO_HASH, SSD, BlockTable
 from sim.memory.tiers import Tier
 from sim.run import RunResult, Simulation
@@ -243,22 +246,22 @@ def test_drop_many_matches_drop(hashes, data):
 # --- the manager: the code the bulk paths replaced, as references -----------------------------
 
 
-def ref_make_room(self, tier, n, pinned=None):
+def ref_make_room(self: Cascade, tier, n, pinned=None):
     spare = self.prefetch.spare
     if spare is not None and pinned is None and tier.index == HBM:
         for b in tier.evict(n - tier.free_slots, spare):
-            self._demote(b, tier)
+            self.demote(b, tier)
     for b in tier.evict(n - tier.free_slots, pinned):
-        self._demote(b, tier)
+        self.demote(b, tier)
 
 
-def ref_shrink(self, hbm, pinned):
+def ref_shrink(self: DramCentricMode, hbm, pinned):
     over = hbm.resident - hbm.capacity
     for mask in (pinned, None):
         if over <= 0:
             return
         for b in hbm.evict(over, mask):
-            self._demote(b, hbm)
+            self.kv.cascade.demote(b, hbm)
         over = hbm.resident - hbm.capacity
 
 
@@ -271,7 +274,7 @@ def ref_release(self: KvManager, rid: int) -> None:
     without it no block is hashed or shared). Its last block-by-block pass is the swap fix
     (003a3c1): a block still in use that only swapped-out requests hold leaves HBM."""
     now, t = self.now, self.table
-    self._mirrors.pop(rid, None)
+    self.holdings.mirrors.pop(rid, None)
     if self.prefetch.sessions is not None:
         self.prefetch.turn_ended(rid, self.blocks[rid])
     blocks = self.blocks[rid][::-1]
@@ -292,12 +295,12 @@ def ref_release(self: KvManager, rid: int) -> None:
                     tier.remove(b)
             t.drop(b)
     for b in blocks:
-        if t.ref[b] > 0 and t.where[HBM, b] and t.ref[b] == self.swap_holds.get(b, 0):
+        if t.ref[b] > 0 and t.where[HBM, b] and t.ref[b] == self.swap.holds.get(b, 0):
             self.tiers[HBM].remove(b)
             REF_BRANCHES["left_hbm"] += 1
     self.blocks[rid] = []
     self.held[rid] = 0
-    self.registered[rid] = 0
+    self.index.registered[rid] = 0
 
 
 def ref_admission_cost(self, rid, hits, tokens):
@@ -308,14 +311,15 @@ def ref_admission_cost(self, rid, hits, tokens):
     return new + taken + elsewhere
 
 
-def ref_reference(self, hits):
-    now, loads = self.env.now, []
+def ref_reference(self: PrefixLoads, hits):
+    kv = self.kv
+    now, loads, home = kv.env.now, [], kv.home
     for b, tier in hits:
-        self.counters.hits[tier] += 1
-        self.table.ref[b] += 1
-        if tier == self.home.index or self.table.where[self.home.index, b]:
-            self.home.pin(b)
-            self.home.touch(b, now)
+        kv.counters.hits[tier] += 1
+        kv.table.ref[b] += 1
+        if tier == home.index or kv.table.where[home.index, b]:
+            home.pin(b)
+            home.touch(b, now)
         else:
             loads.append(b)
     return loads
@@ -324,16 +328,17 @@ def ref_reference(self, hits):
 def ref_register(self, rid, computed):
     if not self.prefix:
         return
-    hashes = self.hashes[rid]
+    hashes, registered = self.index.hashes[rid], self.index.registered
     full = min(computed // self.bt, len(hashes), len(self.blocks[rid]))
-    through = self.mode == "offload" and self.config.kv.write_policy == "write_through"
-    for i in range(int(self.registered[rid]), full):
+    mode, policy = self.config.kv.mode, self.config.kv.write_policy
+    through = mode == "offload" and policy == "write_through"
+    for i in range(int(registered[rid]), full):
         b = self.blocks[rid][i]
         self.table.register(b, int(hashes[i]))
         down = through and not self.table.where[DRAM, b] and self.table.hash[b]
-        if down and self._insert(self.tiers[DRAM], b):
-            self._copy("d2h", self.tiers[DRAM].block_bytes, blocking=False)
-    self.registered[rid] = max(int(self.registered[rid]), full)
+        if down and self.cascade.insert(self.tiers[DRAM], b):
+            self.copies.add("d2h", self.tiers[DRAM].block_bytes, blocking=False)
+    registered[rid] = max(int(registered[rid]), full)
 
 
 def ref_evict(self, n, pinned=None):
@@ -385,11 +390,11 @@ def ref_stamp_victims(self, n, pinned=None):
 
 REFERENCES = [
     (StampLRU, "victims", ref_stamp_victims),
-    (KvManager, "_make_room", ref_make_room),
-    (KvManager, "_shrink", ref_shrink),
+    (Cascade, "make_room", ref_make_room),
+    (DramCentricMode, "_shrink", ref_shrink),
     (KvManager, "release", ref_release),
     (KvManager, "admission_cost", ref_admission_cost),
-    (KvManager, "_reference", ref_reference),
+    (PrefixLoads, "_reference", ref_reference),
     (KvManager, "register", ref_register),
     (Tier, "evict", ref_evict),
     (Tier, "make_evictable_many", _loop(Tier.make_evictable)),
@@ -411,14 +416,14 @@ def kv_state(kv: KvManager):
         list(t.index.items()),
         t.index_version,
         [_tier_state(tier) for tier in kv.tiers],
-        list(kv._copies.items()),
+        list(kv.copies.queued.items()),
         [list(b) for b in kv.blocks],
         kv.held.tolist(),
-        kv.registered.tolist(),
+        kv.index.registered.tolist(),
         sorted(kv.swapped),
-        sorted(kv.swap_holds.items()),
+        sorted(kv.swap.holds.items()),
         kv.counters,
-        kv.loads_in_flight,
+        kv.loads.in_flight,
     )
 
 
@@ -470,10 +475,8 @@ def _engine(
 
 def _run_until(engine: Simulation, until: float) -> Simulation:
     """Run ``engine`` to simulated time ``until`` (mid-run: tiers full, blocks in use)."""
-    env = engine.env
-    env.process(engine._arrivals())
-    env.process(engine._steps())
-    env.run(until=until)
+    engine.cluster.start()
+    engine.env.run(until=until)
     return engine
 
 
@@ -498,7 +501,7 @@ SWAPPING = [
 def few_victims(request, monkeypatch):
     """Demote even one victim in bulk (``0``), or only more than the default few."""
     if request.param is not None:
-        monkeypatch.setattr(sim.kv.manager, "FEW_VICTIMS", request.param)
+        monkeypatch.setattr(sim.kv.cascade, "FEW_VICTIMS", request.param)
 
 
 def _free_below(kvs: tuple[KvManager, KvManager], index: int, room: int) -> None:
@@ -508,7 +511,7 @@ def _free_below(kvs: tuple[KvManager, KvManager], index: int, room: int) -> None
     for kv in kvs:
         below = kv.tiers[index + 1]
         for b in below.evict(room - below.free_slots):
-            kv._demote(b, below)
+            kv.cascade.demote(b, below)
 
 
 @pytest.mark.parametrize("case", TIGHT, ids=[f"{c[0]}-{c[1]}" for c in TIGHT])
@@ -528,9 +531,9 @@ def test_demote_many_matches_demote_one_at_a_time(case, until):
             n = max(int(len(tier_b.evictable) * share), 1)
             victims = tier_b.evict(n)
             assert tier_l.evict(n) == victims
-            bulk._demote_many(victims, tier_b)
+            bulk.cascade.demote_many(victims, tier_b)
             for b in victims:
-                loop._demote(b, tier_l)
+                loop.cascade.demote(b, tier_l)
             assert kv_state(bulk) == kv_state(loop), (index, room, share)
 
 
@@ -563,8 +566,8 @@ def test_release_take_and_register_match_the_per_block_code(case, monkeypatch):
 def _take_with(kv: KvManager, rid: int, hits, monkeypatch) -> bool:
     """``take`` with the per-block referencing and room making."""
     with monkeypatch.context() as m:
-        m.setattr(KvManager, "_reference", ref_reference)
-        m.setattr(KvManager, "_make_room", ref_make_room)
+        m.setattr(PrefixLoads, "_reference", ref_reference)
+        m.setattr(Cascade, "make_room", ref_make_room)
         return kv.take(rid, hits)
 
 

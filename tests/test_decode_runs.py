@@ -17,7 +17,8 @@ from sim.config import build_config
 from sim.cost.roofline import CostModel, CostParams
 from sim.instance import runs as decoderun
 from sim.instance import step_planner as steprun
-from sim.observe.metrics import TIMELINE_COLUMNS, Timeline
+from sim.instance.runlog import RunLog
+from sim.instance.timeline import TIMELINE_COLUMNS, Timeline
 from sim.run import Simulation
 from sim.workload import build_requests
 from sim.workload.requests import Requests
@@ -365,12 +366,12 @@ def test_the_kv_manager_sees_each_step_time_as_without_runs():
         config = make_config(*overrides, flag, workload=workload)
         engine = Simulation(config, build_requests(config.workload, config.seed, block_tokens=16))
         kv, log = engine.kv, []
-        for name in ("release", "_make_room"):
-            setattr(kv, name, _noting_the_clock(kv, name, log))
+        for owner, name in ((kv, "release"), (kv.cascade, "make_room")):
+            setattr(owner, name, _noting_the_clock(kv, owner, name, log))
         engine.run()
         seen[runs] = log
     assert seen[True] == seen[False]
-    assert {"release", "_make_room"} <= {name for name, _ in seen[True]}
+    assert {"release", "make_room"} <= {name for name, _ in seen[True]}
     assert engine.decode_runs.steps > 0
 
 
@@ -383,8 +384,8 @@ def test_runs_cut_at_their_step_bound_change_nothing(planner, monkeypatch):
     assert _same_results(make_config(*overrides, workload=workload)) > 0
 
 
-def _noting_the_clock(kv, name: str, log: list):
-    call = getattr(kv, name)
+def _noting_the_clock(kv, owner, name: str, log: list):
+    call = getattr(owner, name)
 
     def noted(*args):
         log.append((name, kv.now))
@@ -453,10 +454,12 @@ def test_a_piece_starting_at_the_next_arrival_takes_no_step():
     first would start at it (or after), none is taken and the run ends there (an arrival
     cutting a piece later ends it through the delivery instead)."""
     runs = decoderun.DecodeRuns.__new__(decoderun.DecodeRuns)
-    runs.engine = SimpleNamespace(kv=SimpleNamespace(available=100), next_arrival_s=1.0)
+    runs.engine = SimpleNamespace(
+        kv=SimpleNamespace(available=100), arrivals=SimpleNamespace(next_arrival_s=1.0)
+    )
     counts = np.zeros(3, dtype=np.int64)
     for start, taken, last in ((1.0, 0, True), (1.5, 0, True), (0.0, 1, False), (-9.0, 3, False)):
-        log = decoderun._RunLog(start)
+        log = RunLog(start)
         times = start + np.arange(4.0)  # steps of one second from ``start``
         assert runs._steps_taken(counts, times, log) == taken
         assert log.last is last
@@ -497,17 +500,17 @@ def test_runs_leave_every_full_block_registered(monkeypatch):
     }  # fmt: skip
     config = make_config(workload=workload)
     checked = []
-    write = decoderun._RunLog.write
+    write = RunLog.write
 
     def checking(log, engine):
         kv, s = engine.kv, engine.scheduler
         ids = s.running
-        full = np.minimum(s.computed[ids] // kv.bt, kv.hashed_blocks[ids])
-        assert (kv.registered[ids] == full).all()
+        full = np.minimum(s.computed[ids] // kv.bt, kv.index.hashed_blocks[ids])
+        assert (kv.index.registered[ids] == full).all()
         checked.append(len(ids))
         write(log, engine)
 
-    monkeypatch.setattr(decoderun._RunLog, "write", checking)
+    monkeypatch.setattr(RunLog, "write", checking)
     monkeypatch.setattr(decoderun, "MAX_RUN_STEPS", 3)  # runs end while requests decode
     engine, _ = _run(config)
-    assert engine.kv.prefix and engine.kv.hashes is not None and sum(checked) > 0
+    assert engine.kv.prefix and engine.kv.index.hashes is not None and sum(checked) > 0

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sim.kv.manager
 from policies.lru import LRU
-from sim.kv.manager import KvManager
+from sim.kv.prefix import PrefixIndex
+from sim.kv.reads import union
 from sim.memory.blocks import BlockTable
 from sim.memory.tiers import Tier
 from sim.run import Simulation
@@ -47,14 +49,14 @@ def _small_hbm_engine(seed: int) -> Simulation:
     return Simulation(config, requests)
 
 
-def ref_union(self: KvManager, reads: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def ref_union(reads: list[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
     need = np.unique(np.concatenate(reads)) if reads else np.zeros(0, dtype=np.int64)
-    pinned = np.zeros(self.table.capacity, dtype=bool)
+    pinned = np.zeros(size, dtype=bool)
     pinned[need] = True
     return need, pinned
 
 
-def ref_indexed_prefix(self: KvManager, rid: int) -> list[int]:
+def ref_indexed_prefix(self: PrefixIndex, rid: int) -> list[int]:
     hashes = self.hashes[rid]
     limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
     ids = []
@@ -77,8 +79,8 @@ def ref_lru_remove_many(self: LRU, keys) -> None:
 
 
 REFERENCES = [
-    (KvManager, "_union", ref_union),
-    (KvManager, "_indexed_prefix", ref_indexed_prefix),
+    (sim.kv.manager, "union", ref_union),
+    (PrefixIndex, "indexed_prefix", ref_indexed_prefix),
     (LRU, "on_insert_many", ref_lru_insert_many),
     (LRU, "on_remove_many", ref_lru_remove_many),
     (LRU, "on_evict_many", ref_lru_remove_many),
@@ -114,8 +116,8 @@ def test_union_is_the_sorted_distinct_reads_and_their_mark():
     rng = np.random.default_rng(0)
     for k in (0, 1, 5):
         reads = [rng.integers(0, kv.table.size, rng.integers(0, 12)) for _ in range(k)]
-        need, mark = kv._union(reads)
-        want, pinned = ref_union(kv, reads)
+        need, mark = union(reads, kv.table.size)
+        want, pinned = ref_union(reads, kv.table.size)
         assert need.tolist() == want.tolist()
         assert mark.tolist() == pinned[: len(mark)].tolist() and not pinned[len(mark) :].any()
 
@@ -128,10 +130,10 @@ def test_union_is_the_sorted_distinct_reads_and_their_mark():
 )
 def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt):
     kv = _engine(*DRAM_CASES[0], seed=0).kv
-    kv.hashes = [np.asarray(hashes, dtype=np.uint64)]
-    kv.prompt = np.array([prompt])
+    kv.index.hashes = [np.asarray(hashes, dtype=np.uint64)]
+    kv.index.prompt = np.array([prompt])
     kv.table.index = {h: 100 + h for h in registered}
-    assert kv._indexed_prefix(0).tolist() == ref_indexed_prefix(kv, 0)
+    assert kv.index.indexed_prefix(0).tolist() == ref_indexed_prefix(kv.index, 0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -142,8 +144,8 @@ def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt):
 def test_indexed_prefix_memo_follows_registrations_and_drops(hashes, ops):
     """The memoised prefix lookup, asked after each change of the index, gives a fresh one."""
     kv = _engine(*DRAM_CASES[0], seed=0).kv
-    kv.hashes = [np.asarray(hashes, dtype=np.uint64)]
-    kv.prompt = np.array([kv.bt * len(hashes) + 1])
+    kv.index.hashes = [np.asarray(hashes, dtype=np.uint64)]
+    kv.index.prompt = np.array([kv.bt * len(hashes) + 1])
     t = kv.table
     blocks = [t.new(0, i, 0.0) for i in range(len(hashes))]
     for register, i in ops:
@@ -153,7 +155,7 @@ def test_indexed_prefix_memo_follows_registrations_and_drops(hashes, ops):
         else:  # the block goes and its id comes back for the same place, unregistered
             t.drop(blocks[i])
             blocks[i] = t.new(0, i, 0.0)
-        assert kv._indexed_prefix(0).tolist() == ref_indexed_prefix(kv, 0)
+        assert kv.index.indexed_prefix(0).tolist() == ref_indexed_prefix(kv.index, 0)
 
 
 @pytest.mark.parametrize("case", [*DRAM_CASES, None], ids=[*(c[1] for c in DRAM_CASES), "small"])

@@ -78,7 +78,7 @@ def running_block_to_dram(eng: Simulation) -> None:
 
 
 def phantom_swap_hold(eng: Simulation) -> None:
-    eng.kv.swap_holds[first_running_block(eng)] = 1  # no request is swapped out
+    eng.kv.swap.holds[first_running_block(eng)] = 1  # no request is swapped out
 
 
 @pytest.mark.parametrize(

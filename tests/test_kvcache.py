@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.kv.manager import _distinct
+from sim.kv.modes.dram_centric import distinct_ids
 from sim.run import Simulation
 from sim.workload.requests import Requests
 from tests.conftest import make_config
@@ -23,7 +23,7 @@ def _kv(prompt: int = 100, n: int = 2):
 def test_distinct_is_true_exactly_when_no_id_repeats(ids):
     """The quick test for increasing ids must not take a repeat (``[3, 3]``) as distinct:
     the HBM cache adds the blocks of a distinct array in one call."""
-    assert _distinct(np.asarray(ids, dtype=np.int64)) == (len(set(ids)) == len(ids))
+    assert distinct_ids(np.asarray(ids, dtype=np.int64)) == (len(set(ids)) == len(ids))
 
 
 def test_need_counts_the_blocks_missing_for_the_tokens_never_fewer_than_none():
@@ -112,7 +112,7 @@ def test_swapping_out_a_request_that_shares_its_prefix_leaves_the_prefix_in_hbm(
     assert _resident(kv, 0) == sorted([*shared, own0, own1])
     assert _resident(kv, 1) == []
     assert h2d.bytes_submitted == 6 * block
-    assert kv.swap_holds == {} and kv.swapped == set()
+    assert kv.swap.holds == {} and kv.swapped == set()
 
 
 def test_the_second_holder_of_a_prefix_needs_dram_room_for_its_own_blocks_only():

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from sim.observe.metrics import Timeline, request_frame, summarize
+from sim.instance.timeline import Timeline
+from sim.observe.metrics import request_frame, summarize
 from sim.workload.requests import Requests
 
 NAN = float("nan")

@@ -54,12 +54,14 @@ def fake_kv(capacity=8, free_slots=8, mode="dram_centric"):
     return SimpleNamespace(
         env=env,
         table=table,
-        mode=mode,
+        mode=SimpleNamespace(hbm_is_cache=mode == "dram_centric"),
         tiers={HBM: FakeHbm(where, free_slots), DRAM: SimpleNamespace(block_bytes=BB)},
         links=SimpleNamespace(h2d=FakeLink(env, 2.0), ssd_read=FakeLink(env, 1.0)),
         step_reads=np.zeros(0, dtype=np.int64),
         inserted=inserted,
-        _insert=lambda tier, b: inserted.append(b),
+        cascade=SimpleNamespace(
+            insert=lambda tier, b: inserted.append(b), demote=lambda b, tier: None
+        ),
     )
 
 

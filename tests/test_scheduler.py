@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from sim.instance.scheduler import RUNNING
 from sim.run import Simulation
+from tests.test_tiering import check_accounting
 from sim.workload.requests import Requests
 from tests.conftest import make_config
 
@@ -82,4 +83,4 @@ def test_loaded_requests_behind_a_preempted_head_give_their_blocks_back():
     result = engine.run()
     assert result.summary["preemptions"] > 0 and result.summary["dram_hit_rate"] > 0
     assert result.requests.finish_s.notna().all()
-    engine.kv.check()
+    check_accounting(engine)

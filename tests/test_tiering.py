@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.instance.step import layerwise_step_s
-from sim.kv.manager import victims_kept_below
+from sim.kv.modes import MODES as MODE_RULES
+from sim.observe.invariants import Invariants
 from sim.run import Simulation, simulate
 from sim.workload import build_requests
 from sim.workload.requests import Requests
@@ -60,6 +61,13 @@ def test_plentiful_hbm_gives_identical_latency_in_every_mode():
     assert results["dram_centric"].summary["d2h_bytes"] == 8 * (2048 + 63) * 131072
 
 
+def check_accounting(engine: Simulation) -> None:
+    """The block accounting's invariants (tiers, reference counts, places, the index)."""
+    checks = Invariants(engine.instance, engine.fabric)
+    checks.check_tiers()
+    checks.check_blocks()
+
+
 class CheckedEngine(Simulation):
     """Checks the KV accounting after every step."""
 
@@ -69,7 +77,7 @@ class CheckedEngine(Simulation):
 
         def checked(batch, now):
             done = complete(batch, now)
-            self.kv.check()
+            check_accounting(self)
             return done
 
         self.scheduler.complete = checked
@@ -336,7 +344,7 @@ def test_gds_evicts_the_end_of_a_cached_prefix_before_its_start():
     ],
 )
 def test_victims_are_lost_where_no_tier_below_has_room(mode, blocks, kept):
-    assert victims_kept_below(mode, blocks) == kept
+    assert MODE_RULES[mode].keeps_below(blocks) == kept
 
 
 def test_gds_above_a_tier_that_keeps_the_copies_evicts_as_lru():
@@ -400,7 +408,7 @@ def test_offload_eviction_cascades_keep_block_ids_and_tiers_honest(seed):
     free = engine.kv.table._free_ids
     assert len(free) == len(set(free))
     assert result.summary["ssd_read_bytes"] == 0 and result.summary["dram_hit_rate"] > 0
-    engine.kv.check()
+    check_accounting(engine)
 
 
 def _tier_with(policy: str, capacity: int = 4):

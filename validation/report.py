@@ -24,7 +24,7 @@ import torch
 
 from sim.config.hardware import HardwareSpec
 from sim.config.run import RunConfig
-from sim.cost.roofline import cost_model_for
+from sim.cost import cost_model_for
 from sim.errors import KvsimError
 from sim.run import simulate
 from sim.workload import build_requests

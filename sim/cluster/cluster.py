@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from sim.cluster.feed import ArrivalFeed
 from sim.config.run import RunConfig
+from sim.cost import cost_model_for
+from sim.memory.hbm_plan import plan_hbm
 from sim.instance.instance import Instance
 from sim.kv.pools import HostPool, host_pool
 from sim.kv.prefix import lost_block_cost, prefix_hashes
@@ -17,9 +19,11 @@ class Cluster:
 
     def __init__(self, config: RunConfig, requests: Requests):
         self.config, self.requests = config, requests
+        cost = cost_model_for(config)  # start-up refusals first: a table, a model too large
+        plan = plan_hbm(config, cost)
         self.fabric = Fabric(config.hardware)
         self.host: HostPool = host_pool(config, self.fabric.table, self._lost_cost())
-        self.instance = Instance(config, requests, self.fabric, self.host, gpu=0)
+        self.instance = Instance(config, requests, self.fabric, self.host, cost, plan, gpu=0)
         self.instances = [self.instance]
         self.feed = ArrivalFeed(self.fabric.env, requests.arrival_s, self.instance)
         self.instance.arrivals = self.feed
@@ -30,12 +34,17 @@ class Cluster:
         hashes = prefix_hashes(self.requests, cached)
         return lost_block_cost(self.fabric.table, hashes, self.config.engine.block_tokens)
 
+    def start(self):
+        """Start the feed and the instances' step loops; the process that ends with them."""
+        env = self.fabric.env
+        env.process(self.feed.process())
+        return env.process(self.instance.steps())
+
     def run(self) -> float:
         """Simulate until every request has finished or been rejected; the time it ended
         (asynchronous copies, such as write-through, drain after it)."""
         env = self.fabric.env
-        env.process(self.feed.process())
-        env.run(env.process(self.instance.steps()))
+        env.run(self.start())
         end = env.now
         env.run()
         return end

@@ -11,7 +11,7 @@ import numpy as np
 import simpy
 
 from sim.config.run import RunConfig
-from sim.cost import CostModel, cost_model_for
+from sim.cost import CostModel
 from sim.instance.events import Arrivals, StepObserver
 from sim.instance.runs import DecodeRuns
 from sim.instance.scheduler import Batch, Scheduler, prefill_tokens
@@ -21,7 +21,7 @@ from sim.kv.clock import PlanClock
 from sim.kv.manager import KvManager
 from sim.kv.pools import HostPool
 from sim.memory.fabric import Fabric
-from sim.memory.hbm_plan import HbmPlan, plan_hbm
+from sim.memory.hbm_plan import HbmPlan
 from sim.workload.requests import Requests
 
 ACCESS_STREAM = 0x6B76  # the access model's random stream, apart from the workload's
@@ -32,12 +32,11 @@ class Instance:
 
     def __init__(
         self, config: RunConfig, requests: Requests, fabric: Fabric, host: HostPool,
-        gpu: int = 0, cost: CostModel | None = None,
+        cost: CostModel, plan: HbmPlan, gpu: int = 0,
     ):  # fmt: skip
         self.config = config
         self.requests = requests
-        self.cost = cost if cost is not None else cost_model_for(config)
-        self.plan: HbmPlan = plan_hbm(config, self.cost)
+        self.cost, self.plan = cost, plan
         self.env = fabric.env
         self.links = fabric.links_for(gpu)
         self.clock = PlanClock(self.env)

@@ -85,7 +85,7 @@ class PrefixIndex:
         """The longest cached prefix of ``rid``'s prompt (one token left over)."""
         if not self.enabled:
             return NO_HITS
-        ids = np.asarray(self._indexed_prefix(rid), dtype=np.int64)
+        ids = np.asarray(self.indexed_prefix(rid), dtype=np.int64)
         if not len(ids):
             return NO_HITS
         where = self.table.where[: self.lookup_tiers, ids]
@@ -93,7 +93,7 @@ class PrefixIndex:
         cut = len(ids) if present.all() else int(np.argmin(present))
         return PrefixHits(ids[:cut], np.argmax(where[:, :cut], axis=0))
 
-    def _indexed_prefix(self, rid: int) -> np.ndarray:
+    def indexed_prefix(self, rid: int) -> np.ndarray:
         """Blocks registered under ``rid``'s leading prompt hashes, up to the first that is not.
 
         Memoised per request. While the index is unchanged the memo stands; after a change,

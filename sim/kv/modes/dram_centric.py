@@ -14,7 +14,7 @@ from sim.memory.blocks import DRAM, HBM
 from sim.memory.tiers import Tier
 
 
-def _distinct(ids: np.ndarray) -> bool:
+def distinct_ids(ids: np.ndarray) -> bool:
     """Whether ``ids`` has no repeats (a quick test first: increasing ids are distinct)."""
     if bool((ids[1:] > ids[:-1]).all()):
         return True
@@ -117,7 +117,7 @@ class DramCentricMode(Mode):
         kv, t = self.kv, self.kv.table
         now = kv.now
         todo = blocks[~t.where[HBM, blocks]]
-        if len(todo) > 1 and _distinct(todo):
+        if len(todo) > 1 and distinct_ids(todo):
             short = len(todo) - hbm.free_slots
             victims = hbm.evict(short, pinned)
             self.hbm_victims(victims)
