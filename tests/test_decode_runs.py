@@ -94,7 +94,8 @@ CASES = {
 }
 
 
-# sim/instance/step_planner.py without prefix caching (its own sums, or each step's attention_time call),
+# sim/instance/step_planner.py without prefix caching (its own sums, or each step's
+# attention_time call),
 # sim/instance/runs.py's pieces with it (here also without)
 PLANNERS = ["steps", "priced", "pieces"]
 

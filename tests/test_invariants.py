@@ -1,4 +1,5 @@
-"""Invariant checks (sim/observe/invariants.py): a deliberately corrupted state is caught, clearly."""
+"""Invariant checks (sim/observe/invariants.py): a deliberately corrupted state is caught,
+clearly."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 
 from sim.instance.scheduler import RUNNING
 from sim.run import Simulation
-from tests.test_tiering import check_accounting
 from sim.workload.requests import Requests
 from tests.conftest import make_config
+from tests.test_tiering import check_accounting
 
 BLOCK = 4
 

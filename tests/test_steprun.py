@@ -1,4 +1,5 @@
-"""The step planner (sim/instance/step_planner.py): where it plans runs, and its prices are the cost model's.
+"""The step planner (sim/instance/step_planner.py): where it plans runs, and its prices are
+the cost model's.
 
 That its runs change nothing is tests/test_decode_runs.py's (every case with both planners).
 """

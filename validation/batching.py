@@ -1,4 +1,5 @@
-"""Continuous batching with the simulator's rules (``sim/instance/scheduler.py``), for the mini-engine.
+"""Continuous batching with the simulator's rules (``sim/instance/rules.py``), for the
+mini-engine.
 
 Each step: running requests first, in admission order, each given the tokens it still
 needs until the token budget is spent; if the KV blocks do not suffice, the newest running
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from sim.config.run import RunConfig
 from sim.errors import KvsimError
+from sim.instance.rules import admitted_tokens, max_sequence_tokens, share_budget_list
 from validation.kvpools import KvPools
 
 
@@ -71,12 +73,7 @@ class Batcher:
         self.running: list[int] = []
         self.finished: list[int] = []
         self.rejected: list[int] = []
-        limits = [kv.capacity * self.engine.block_tokens + 1]
-        if self.engine.max_model_len:
-            limits.append(self.engine.max_model_len)
-        if not self.engine.chunked_prefill:
-            limits.append(self.engine.max_batched_tokens)
-        self.max_len = min(limits)
+        self.max_len = max_sequence_tokens(self.engine, kv.capacity)
 
     def add(self, rid: int) -> None:
         """A request arrives: queue it, or reject it if it can never run."""
@@ -100,11 +97,8 @@ class Batcher:
         self.waiting.appendleft(rid)
 
     def _schedule_running(self, budget: int) -> tuple[list[int], list[int], list[int]]:
-        tokens = []
-        for rid in self.running:
-            n = max(min(self._total(rid) - self.computed[rid], budget), 0)
-            tokens.append(n)
-            budget -= n
+        remaining = [self._total(rid) - self.computed[rid] for rid in self.running]
+        tokens = share_budget_list(remaining, budget)
         running, preempted = list(self.running), []
         i = 0
         while i < len(running):
@@ -126,10 +120,9 @@ class Batcher:
         fresh = kv.held(rid) == 0  # new, or preempted: look up its prefix
         hits = kv.match(rid) if fresh else []
         start = len(hits) * bt if fresh else self.computed[rid]
-        total = self._total(rid)
-        if not self.engine.chunked_prefill and total - start > budget:
+        n = admitted_tokens(self._total(rid), start, budget, self.engine.chunked_prefill)
+        if n is None:
             return None
-        n = min(total - start, budget)
         cost = kv.admission_cost(rid, hits, start + n) if fresh else kv.need(rid, start + n)
         if cost > kv.available:
             return None

@@ -6,11 +6,11 @@ from __future__ import annotations
 from sim.cluster.feed import ArrivalFeed
 from sim.config.run import RunConfig
 from sim.cost import cost_model_for
-from sim.memory.hbm_plan import plan_hbm
 from sim.instance.instance import Instance
 from sim.kv.pools import HostPool, host_pool
 from sim.kv.prefix import lost_block_cost, prefix_hashes
 from sim.memory.fabric import Fabric
+from sim.memory.hbm_plan import plan_hbm
 from sim.workload.requests import Requests
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from sim.config.base import Fraction, PerSecond, Seconds, Strict
+from sim.config.presets import expand_preset
 from sim.units import RATE
 
 # --- token-count distributions ------------------------------------------------------------
@@ -330,8 +331,6 @@ class FittedWorkload(Strict):
 def _expand_preset(value: Any) -> Any:
     """A preset name or ``{preset: NAME, ...}`` becomes the preset's full mapping."""
     if isinstance(value, str) or (isinstance(value, dict) and "preset" in value):
-        from sim.workload.presets import expand_preset  # NOTE: lazy; sim.workload imports us
-
         return expand_preset(value)
     return value
 

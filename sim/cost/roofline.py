@@ -321,12 +321,20 @@ class CostModel:
         """One attention kernel over all layers: its FLOPs (``pairs`` of query and key
         tokens) or its KV reads (``attended`` tokens), whichever takes longer (the reads,
         unsummed FLOPs, when the caller knows they are: ``decode_reads_bound``)."""
-        m, p = self.model, self.params
-        traffic = attended * self.kv_bytes_per_token_layer * m.layers
+        layers = self.model.layers
+        traffic = (attended * self.kv_bytes_per_token_layer * layers).sum()
         if reads_bound:
-            return traffic.sum() / p.memory_bandwidth
-        flops = pairs * self.attention_flops_per_pair * m.layers
-        return max(flops.sum() / p.attention_flops, traffic.sum() / p.memory_bandwidth)
+            return self.kernel_seconds(0.0, traffic, reads_bound=True)
+        flops = (pairs * self.attention_flops_per_pair * layers).sum()
+        return self.kernel_seconds(flops, traffic)
+
+    def kernel_seconds(self, flops: float, traffic: float, reads_bound: bool = False) -> float:
+        """An attention kernel's time from its FLOPs and its KV bytes read (all layers): the
+        roofline's maximum, or the reads alone where they are known to bound it. The one
+        formula both the step price and the step planner's sums use."""
+        p = self.params
+        reads = traffic / p.memory_bandwidth
+        return reads if reads_bound else max(flops / p.attention_flops, reads)
 
     # --- a whole step -----------------------------------------------------------------------
 

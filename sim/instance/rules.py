@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.config.run import EngineConfig
+
 
 def share_budget(remaining: np.ndarray, budget: int) -> np.ndarray:
     """Tokens each running request gets this step, in order: all it still needs while the
@@ -34,6 +36,17 @@ def admitted_tokens(total: int, start: int, budget: int, chunked: bool) -> int |
     if not chunked and total - start > budget:
         return None
     return min(total - start, budget)
+
+
+def max_sequence_tokens(engine: EngineConfig, pool_blocks: int) -> int:
+    """Longest sequence (prompt + output) an engine with a KV pool of ``pool_blocks`` can
+    ever hold; a longer request is rejected on arrival."""
+    limits = [pool_blocks * engine.block_tokens + 1]
+    if engine.max_model_len:
+        limits.append(engine.max_model_len)
+    if not engine.chunked_prefill:
+        limits.append(engine.max_batched_tokens)
+    return min(limits)
 
 
 def blocks_for(tokens: int, block_tokens: int) -> int:

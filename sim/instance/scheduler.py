@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
-from sim.instance.rules import admitted_tokens, share_budget
+from sim.instance.rules import admitted_tokens, max_sequence_tokens, share_budget
 from sim.kv.manager import NO_HITS, KvManager, PrefixHits
 from sim.kv.reads import is_decode
 from sim.workload.requests import Requests
@@ -87,19 +87,10 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.running = np.zeros(0, dtype=np.int64)
         self.loading = 0
-        self.max_len = self._max_sequence_tokens()
+        self.max_len = max_sequence_tokens(engine, kv.home.capacity)
         kv.on_loaded = self.loaded
 
     # --- arrivals ---------------------------------------------------------------------------
-
-    def _max_sequence_tokens(self) -> int:
-        """Longest sequence (prompt + output) the engine can ever hold."""
-        limits = [self.kv.home.capacity * self.engine.block_tokens + 1]
-        if self.engine.max_model_len:
-            limits.append(self.engine.max_model_len)
-        if not self.engine.chunked_prefill:
-            limits.append(self.engine.max_batched_tokens)
-        return min(limits)
 
     def add(self, rid: int) -> bool:
         """A request arrives: queue it, or reject it if it can never run."""

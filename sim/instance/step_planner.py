@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.instance.events import StepHost
+from sim.instance.rules import admitted_tokens, blocks_for, share_budget_list
 from sim.instance.runlog import RunLog
 from sim.instance.scheduler import FINISHED, RUNNING
 from sim.memory.blocks import HBM
@@ -84,7 +85,7 @@ class StepPlanner:
         self.kv_bytes = cost.kv_bytes_per_token_layer
         self.flops = cost.attention_flops_per_pair
         self.layers = model.layers
-        self.bandwidth, self.peak = params.memory_bandwidth, params.attention_flops
+        self.kernel = cost.kernel_seconds  # the roofline's kernel formula, on exact sums
         self.latency = model.layers * params.attention_latency_s
         self.reads_bound = cost.decode_reads_bound
         self.overhead = cost.overhead_s
@@ -161,13 +162,7 @@ class StepPlanner:
         remaining = [
             p + g - c for p, g, c in zip(self.prompt, self.generated, computed, strict=True)
         ]
-        if sum(remaining) <= self.budget:  # everyone gets all it needs
-            tokens = remaining
-        else:
-            tokens, left = [], self.budget
-            for r in remaining:
-                tokens.append(min(max(left, 0), r))
-                left -= r
+        tokens = share_budget_list(remaining, self.budget)
         grow = [-(-(c + n) // bt) - h for c, n, h in zip(computed, tokens, held, strict=True)]
         if sum(g for g in grow if g > 0) > self.available:
             return False  # the normal loop preempts
@@ -186,10 +181,8 @@ class StepPlanner:
         seats = self.seats - len(self.ids)
         while s.waiting and budget > 0 and seats > 0:
             rid = s.waiting[0]
-            total = int(s.prompt[rid] + s.generated[rid])
-            n = min(total, budget)
-            blocks = -(-n // bt)
-            if (not self.chunked and total > budget) or blocks > self.available:
+            n = admitted_tokens(int(s.prompt[rid] + s.generated[rid]), 0, budget, self.chunked)
+            if n is None or (blocks := blocks_for(n, bt)) > self.available:
                 return
             s.waiting.popleft()
             s.computed[rid] = 0
@@ -236,8 +229,11 @@ class StepPlanner:
             return Tally(sum(tokens), sampled, prefill, reads, attention)
         attention = 0.0  # as CostModel.attention_time adds its terms
         if attended:
-            flops = pairs * self.flops * self.layers / self.peak
-            attention += max(flops, attended * self.kv_bytes * self.layers / self.bandwidth)
+            flops, traffic = (
+                pairs * self.flops * self.layers,
+                attended * self.kv_bytes * self.layers,
+            )
+            attention += self.kernel(flops, traffic)
             attention += self.latency
         if decodes:
             attention += self._decode_kernel(spans)
@@ -284,10 +280,8 @@ class StepPlanner:
 
     def _decode_kernel(self, spans: int) -> float:
         """The decode kernel's time over sequences attending ``spans`` tokens in all."""
-        reads = spans * self.kv_bytes * self.layers / self.bandwidth
-        if self.reads_bound:
-            return reads
-        return max(spans * self.flops * self.layers / self.peak, reads)
+        flops = 0.0 if self.reads_bound else spans * self.flops * self.layers
+        return self.kernel(flops, spans * self.kv_bytes * self.layers, self.reads_bound)
 
     def _release(self, done: list[int], end: float) -> None:
         """The requests at ``done`` (indices, in batch order) finished at ``end``."""
@@ -418,6 +412,5 @@ class StepPlanner:
         rid = s.waiting[0]
         if rid in kv.swapped:
             return False
-        total = int(s.prompt[rid] + s.generated[rid])
-        blocks = -(-min(total, budget) // self.bt)
-        return (not self.chunked and total > budget) or blocks > self.available - first
+        n = admitted_tokens(int(s.prompt[rid] + s.generated[rid]), 0, budget, self.chunked)
+        return n is None or blocks_for(n, self.bt) > self.available - first

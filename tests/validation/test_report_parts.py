@@ -86,7 +86,7 @@ def test_set_value_replaces_or_adds_a_key():
 
 def test_sim_and_the_cli_never_import_torch():
     code = (
-        "import sys; import sim.cli, sim.instance.instance, sim.cost.roofline, validation.commands, "
+        "import sys; import sim.cli, sim.run, sim.cost.roofline, validation.commands, "
         "validation.opsfit, validation.calibrate; sim.cli.build_parser(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
