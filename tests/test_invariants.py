@@ -96,7 +96,7 @@ def phantom_swap_hold(eng: Simulation) -> None:
     ],
 )
 def test_corrupted_state_stops_the_run_at_that_step(damage, fragments):
-    eng = engine()
+    eng = engine("engine.decode_runs=false")  # every step on its own (runs: below)
     corrupt_after(eng, 3, damage)
     with pytest.raises(InvariantViolation) as info:
         eng.run()
@@ -152,10 +152,31 @@ def test_cli_check_flag_reports_a_violation_with_exit_3(tmp_path, capsys, monkey
     path.write_text(yaml.safe_dump(BASE))
     out = tmp_path / "out"
     assert main(["run", str(path), "--out", str(out)]) == 0  # unchecked: nobody notices
-    assert main(["run", str(path), "--out", str(out), "--check"]) == 3
+    one_by_one = ["--set", "engine.decode_runs=false"]  # the leak is seen at its very step
+    assert main(["run", str(path), "--out", str(out), "--check", *one_by_one]) == 3
     err = capsys.readouterr().err
     assert err.startswith("kvsim: internal error (please report it): invariant violated after")
     assert "block reference counts do not match their owners" in err
+
+
+def test_a_corruption_inside_a_run_of_steps_is_caught_where_the_run_ends(monkeypatch):
+    """With runs (steps taken ahead of the clock, written at once), the checks see the state
+    each run leaves: a leaked reference is caught at the end of the run it happened in."""
+    release = KvManager.release
+    leaks: list[int] = []
+
+    def leaky_release(self, rid):
+        if self.blocks[rid] and not leaks and self.clock.planned_s is not None:  # in a run
+            leaks.append(rid)
+            self.table.ref[self.blocks[rid][0]] += 1  # one reference never given back
+        release(self, rid)
+
+    monkeypatch.setattr(KvManager, "release", leaky_release)
+    eng = engine()
+    with pytest.raises(InvariantViolation) as info:
+        eng.run()
+    assert leaks and eng.decode_runs.steps > 0
+    assert STEP.match(str(info.value))
 
 
 def test_sweep_check_fails_the_broken_points_and_keeps_their_ids(tmp_path, capsys, monkeypatch):

@@ -124,7 +124,7 @@ def test_invariants_hold_with_prefetch_on(
         f"seed={seed}", kv=kv,
     )  # fmt: skip
     requests = shared_documents(n=n, docs=3, doc_tokens=2048, rate=rate, seed=seed)
-    engine = CheckedEngine(config, requests)  # KvManager.check() after every step
+    engine = CheckedEngine(config, requests)  # the block accounting after every step
     result = engine.run()
     assert set(result.requests.status) <= {"finished", "rejected"}
     t = result.timeline

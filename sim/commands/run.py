@@ -101,6 +101,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--check", action=argparse.BooleanOptionalAction, default=None,
-        help="verify invariants after every step (engine.check; default: the config's)",
+        help="verify invariants after every step and run of steps (engine.check; default: the "
+        "config's)",
     )  # fmt: skip
     parser.set_defaults(func=run_command)

@@ -27,7 +27,7 @@ class EngineConfig(Strict):
     layer_events: bool = False
     kv_heat: bool = False  # write kv_heat.parquet: per step, the blocks attention read
     kv_heat_interval_s: float = Field(0.0, ge=0)  # record a step at most this often (0 = all)
-    check: bool = False  # verify invariants after every step (sim/observe/invariants.py)
+    check: bool = False  # verify invariants after every step and run (sim/observe/invariants.py)
     decode_runs: bool = True  # take steps that need no clock at once (sim/instance/runs.py)
 
 

@@ -22,6 +22,11 @@ class StepObserver(Protocol):
 
     def step_ended(self, row: dict[str, float]) -> None: ...
 
+    def steps_ended(self, rows: dict[str, float | np.ndarray], steps: int) -> None:
+        """A run of ``steps`` steps ended (:mod:`sim.instance.runs`); ``rows``: their
+        timeline rows as columns (a column of one value for all is a scalar)."""
+        ...
+
 
 class Arrivals(Protocol):
     """The arrival feed as an instance's run-ahead path sees it (``sim.cluster.feed``)."""
@@ -55,6 +60,7 @@ class StepHost(Protocol):
     timeline: Timeline
     marks: LinkMarks
     arrivals: Arrivals
+    observers: list[StepObserver]
 
     def memory_columns(
         self, step_s: float | np.ndarray, activations: float | np.ndarray,

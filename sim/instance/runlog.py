@@ -116,8 +116,8 @@ class RunLog:
             else:
                 column.append(value)
 
-    def write(self, e: StepHost) -> None:
-        """Count the run's reads and append its timeline rows."""
+    def write(self, e: StepHost) -> dict[str, float | np.ndarray]:
+        """Count the run's reads and append its timeline rows; the rows, as columns."""
         kv = e.kv
         kv.counters.access_blocks += sum(self.reads)
         kv.counters.access_hbm_hits += sum(self.reads)
@@ -153,6 +153,7 @@ class RunLog:
             ),
         )
         e.timeline.record_many(self.steps, **rows)
+        return rows
 
 
 def _reads(context: np.ndarray, steps: int, e: StepHost) -> np.ndarray:

@@ -58,7 +58,6 @@ class DecodeRuns:
             and not kv.access.sparse
             and not kv.prefetch.active
             and not config.engine.kv_heat
-            and not config.engine.check
         )
         # without prefix caching, a step at a time in plain Python (sim/instance/step_planner.py)
         by_step = self.enabled and steprun.applies(engine)
@@ -109,7 +108,9 @@ class DecodeRuns:
         if log.steps:
             yield from self._wait(log)
             self.steps += log.steps
-            log.write(e)
+            rows = log.write(e)
+            for observer in e.observers:
+                observer.steps_ended(rows, log.steps)
         return log.steps
 
     def _plan_pieces(self, log: RunLog) -> None:

@@ -69,6 +69,14 @@ class Invariants:
         self.check_blocks()
         self.check_links(final=False)
 
+    def steps_ended(self, rows: dict[str, float | np.ndarray], steps: int) -> None:
+        """A run of steps ended: the state it leaves, checked as after its last step (a run
+        writes its rows at its end; that its steps are the normal loop's, one by one, is
+        tests/test_decode_runs.py's)."""
+        self.step += steps - 1
+        last = {k: v[-1] if isinstance(v, np.ndarray) else v for k, v in rows.items()}
+        self.step_ended(last)
+
     def check_tiers(self) -> None:
         """No tier above capacity; residents agree with the block table."""
         kv = self.engine.kv
