@@ -67,3 +67,11 @@ def test_no_class_in_sim_is_over_350_lines():
 def test_no_function_in_sim_is_over_80_lines():
     functions = _sizes(ast.FunctionDef) + _sizes(ast.AsyncFunctionDef)
     assert [(name, n) for name, n in functions if n > MAX_FUNCTION_LINES] == []
+
+
+def test_every_configurable_kv_mode_has_its_rules():
+    from sim.config.kv import KV_MODES
+    from sim.kv.modes import MODES
+
+    assert sorted(MODES) == sorted(KV_MODES)
+    assert all(MODES[name].name == name for name in MODES)

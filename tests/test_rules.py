@@ -3,12 +3,15 @@ list form equal to the array form (the step planner and the scheduler share them
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config.run import EngineConfig
 from sim.instance.rules import (
+    admit_fcfs,
     admitted_tokens,
     blocks_for,
     max_sequence_tokens,
@@ -48,3 +51,17 @@ def test_the_longest_sequence_is_the_tightest_limit():
     unchunked = engine.model_copy(update={"chunked_prefill": False})
     assert max_sequence_tokens(unchunked, 1000) == 4096
     assert blocks_for(33, 16) == 3 and blocks_for(32, 16) == 2 and blocks_for(0, 16) == 0
+
+
+def test_admission_is_first_come_first_served_and_stops_at_the_first_refusal():
+    waiting = deque([1, 2, 3, 4])
+    answers = {1: 100, 2: 0, 3: None, 4: 50}  # 2 goes loading; 3 is refused: 4 must wait
+    started = []
+    ids, tokens = admit_fcfs(waiting, 500, 8, lambda rid, budget: answers[rid], started.append)
+    assert (ids, tokens, started, list(waiting)) == ([1], [100], [1], [3, 4])
+    # the budget and the seats end it too
+    waiting = deque([5, 6, 7])
+    assert admit_fcfs(waiting, 300, 8, lambda rid, budget: min(200, budget)) == ([5, 6], [200, 100])
+    waiting = deque([5, 6, 7])
+    assert admit_fcfs(waiting, 900, 2, lambda rid, budget: 10) == ([5, 6], [10, 10])
+    assert list(waiting) == [7]

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 from sim.config.run import RunConfig
 from sim.errors import KvsimError
-from sim.instance.rules import admitted_tokens, max_sequence_tokens, share_budget_list
+from sim.instance.rules import (
+    admit_fcfs,
+    admitted_tokens,
+    max_sequence_tokens,
+    share_budget_list,
+)
 from validation.kvpools import KvPools
 
 
@@ -136,20 +141,8 @@ class Batcher:
         return n
 
     def _admit(self, budget: int) -> tuple[list[int], list[int]]:
-        ids, tokens = [], []
         seats = self.engine.max_num_seqs - len(self.running)
-        while self.waiting and budget > 0 and len(ids) < seats:
-            rid = self.waiting[0]
-            n = self._admit_one(rid, budget)
-            if n is None:
-                break
-            self.waiting.popleft()
-            if n == 0:
-                continue
-            ids.append(rid)
-            tokens.append(n)
-            budget -= n
-        return ids, tokens
+        return admit_fcfs(self.waiting, budget, seats, self._admit_one)
 
     def _finish_loads(self) -> None:
         """Loads done since the last step go first in line, as the simulator's engine has them.

@@ -134,7 +134,11 @@ class Instance:
         for observer in self.observers:
             observer.step_ended(row)
 
-    def memory_columns(self, step_s, activations, kv_running, kv_cached, staging, moved):
+    def memory_columns(
+        self, step_s: float | np.ndarray, activations: float | np.ndarray,
+        kv_running: float | np.ndarray, kv_cached: float | np.ndarray, staging: float,
+        moved: tuple,
+    ) -> dict[str, float | np.ndarray]:  # fmt: skip
         """:func:`sim.instance.timeline.memory_columns` for this instance's plan and tiers."""
         return memory_columns(
             self.plan, self.kv.tiers, step_s, activations, kv_running, kv_cached, staging, moved

@@ -5,6 +5,9 @@ side by side (tests/test_rules.py checks them equal)."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
+
 import numpy as np
 
 from sim.config.run import EngineConfig
@@ -36,6 +39,31 @@ def admitted_tokens(total: int, start: int, budget: int, chunked: bool) -> int |
     if not chunked and total - start > budget:
         return None
     return min(total - start, budget)
+
+
+def admit_fcfs(
+    waiting: deque[int], budget: int, seats: int,
+    admit_one: Callable[[int, int], int | None], started: Callable[[int], None] = lambda rid: None,
+) -> tuple[list[int], list[int]]:  # fmt: skip
+    """Admit the queue's head while ``budget`` tokens and ``seats`` last: ``admit_one(rid,
+    budget)`` gives its tokens this step, 0 if it went loading (it leaves the queue, not
+    running), None if it cannot be admitted (admission stops: first come, first served).
+    Returns the admitted requests and their tokens; ``started`` is told of each."""
+    ids: list[int] = []
+    tokens: list[int] = []
+    while waiting and budget > 0 and len(ids) < seats:
+        rid = waiting[0]
+        n = admit_one(rid, budget)
+        if n is None:
+            break
+        waiting.popleft()
+        if n == 0:
+            continue
+        started(rid)
+        ids.append(rid)
+        tokens.append(n)
+        budget -= n
+    return ids, tokens
 
 
 def max_sequence_tokens(engine: EngineConfig, pool_blocks: int) -> int:

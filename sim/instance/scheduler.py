@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
-from sim.instance.rules import admitted_tokens, max_sequence_tokens, share_budget
+from sim.instance.rules import admit_fcfs, admitted_tokens, max_sequence_tokens, share_budget
 from sim.kv.manager import NO_HITS, KvManager, PrefixHits
 from sim.kv.reads import is_decode
 from sim.workload.requests import Requests
@@ -230,22 +230,10 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, now: float) -> tuple[list[int], list[int]]:
         """Admit waiting requests FCFS while budget, sequence cap and blocks allow."""
-        ids: list[int] = []
-        tokens: list[int] = []
         seats = self.engine.max_num_seqs - len(self.running)
-        while self.waiting and budget > 0 and len(ids) < seats:
-            rid = self.waiting[0]
-            n = self._admit_one(rid, budget)
-            if n is None:
-                break
-            self.waiting.popleft()
-            if n == 0:
-                continue
-            self._start(rid, now)
-            ids.append(rid)
-            tokens.append(n)
-            budget -= n
-        return ids, tokens
+        return admit_fcfs(
+            self.waiting, budget, seats, self._admit_one, lambda rid: self._start(rid, now)
+        )
 
     def _start(self, rid: int, now: float) -> None:
         self.status[rid] = RUNNING

@@ -31,6 +31,7 @@ from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
 from sim.kv.swap import SwapSpace
 from sim.memory.blocks import DRAM, HBM, BlockTable
 from sim.memory.links import Links
+from sim.memory.tiers import Tier
 from sim.workload.requests import Requests
 
 FEW_BLOCKS = 8  # fewer new blocks than this are allocated one call each
@@ -81,7 +82,7 @@ class KvManager:
         return self.clock.now
 
     @property
-    def home(self):  # -> Tier
+    def home(self) -> Tier:
         """The tier running requests' blocks live in."""
         return self.mode.home
 

@@ -14,7 +14,7 @@ import simpy
 
 from sim.config.hardware import HardwareSpec
 from sim.memory.blocks import BlockTable
-from sim.memory.links import Links
+from sim.memory.links import Link, Links
 
 
 @dataclass
@@ -32,6 +32,6 @@ class Fabric:
             self.gpu_links.append(Links.from_hardware(self.env, self.hardware))
         return self.gpu_links[gpu]
 
-    def all_links(self) -> list:
+    def all_links(self) -> list[Link]:
         """Every link of every GPU."""
         return [link for links in self.gpu_links for link in links.all()]

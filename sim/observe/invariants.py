@@ -1,6 +1,7 @@
 """Invariants checked after every engine step (``engine.check: true``, ``kvsim run --check``).
 
-After each step (once its timeline row is recorded):
+An observer of the instance: after each step (once its timeline row is recorded), and after
+each run of steps taken ahead of the clock (the state the run leaves, with its last row):
 
 - no tier holds more blocks than its capacity, and each tier's count of residents matches
   the block table;
@@ -8,7 +9,7 @@ After each step (once its timeline row is recorded):
   timeline row says HBM holds, the KV parts equal the resident blocks, and the whole stays
   within the usable HBM (``gpu_memory_utilization`` x capacity);
 - every block's reference count equals the number of requests holding it, a held block is
-  in some tier, and no block in use is evictable (:meth:`KvManager.check`);
+  in some tier, and no block in use is evictable in its home tier;
 - a running request's blocks are in its home tier (HBM; DRAM in ``dram_centric``), a
   swapped-out request's in DRAM (and in HBM only while a request there shares them), and
   each block counts the swapped-out requests holding it;
@@ -50,13 +51,13 @@ class Invariants:
     of the run's end (:meth:`run_ended`, called by ``sim.run``)."""
 
     def __init__(self, instance: Instance, fabric: Fabric):
-        self.engine = instance
+        self.instance = instance
         self.fabric = fabric
         self.step = 0
 
     def fail(self, rule: str, state: str) -> NoReturn:
         """Raise a violation of ``rule`` at the current step, with the offending ``state``."""
-        now = self.engine.env.now
+        now = self.instance.env.now
         raise InvariantViolation(
             f"invariant violated after step {self.step} (t = {now:.6f} s): {rule}; {state}"
         )
@@ -79,7 +80,7 @@ class Invariants:
 
     def check_tiers(self) -> None:
         """No tier above capacity; residents agree with the block table."""
-        kv = self.engine.kv
+        kv = self.instance.kv
         n = kv.table.size
         for tier in kv.tiers:
             listed = int(kv.table.where[tier.index, :n].sum())
@@ -96,10 +97,10 @@ class Invariants:
 
     def check_hbm(self, row: dict[str, float]) -> None:
         """HBM parts sum to its use, match the resident blocks, and fit in usable HBM."""
-        engine = self.engine
-        plan, hbm = engine.plan, engine.kv.tiers[HBM]
+        instance = self.instance
+        plan, hbm = instance.plan, instance.kv.tiers[HBM]
         running, cached = row["hbm_kv_running_bytes"], row["hbm_kv_cached_bytes"]
-        activations = engine.cost.activation_bytes(int(row["step_tokens"]), int(row["sampled"]))
+        activations = instance.cost.activation_bytes(int(row["step_tokens"]), int(row["sampled"]))
         parts = {
             "weights": row["hbm_weights_bytes"],
             "reserve": row["hbm_reserve_bytes"],
@@ -131,7 +132,7 @@ class Invariants:
 
     def check_blocks(self) -> None:
         """Reference counts match the requests holding each block; held blocks are resident."""
-        kv = self.engine.kv
+        kv = self.instance.kv
         t, n = kv.table, kv.table.size
         holders = np.flatnonzero(kv.held > 0).tolist()
         lists = [kv.blocks[rid] for rid in holders]
@@ -166,8 +167,8 @@ class Invariants:
 
     def check_places(self) -> None:
         """Running requests' blocks are at home, swapped-out ones' in DRAM (and counted)."""
-        kv, where = self.engine.kv, self.engine.kv.table.where
-        running = self.engine.scheduler.running.tolist()
+        kv, where = self.instance.kv, self.instance.kv.table.where
+        running = self.instance.scheduler.running.tolist()
         flat = itertools.chain.from_iterable(kv.blocks[rid] for rid in running)
         if not where[kv.home.index, np.fromiter(flat, np.int64)].all():
             rid = next(r for r in running if not where[kv.home.index, kv.blocks[r]].all())
@@ -191,7 +192,7 @@ class Invariants:
 
     def check_index(self) -> None:
         """The prefix index maps each hash to the one block that holds it, and back."""
-        t = self.engine.kv.table
+        t = self.instance.kv.table
         named = np.flatnonzero(t.hash[: t.size])
         index = {int(h): b for h, b in zip(t.hash[named].tolist(), named.tolist(), strict=True)}
         if index != t.index:
@@ -222,8 +223,8 @@ class Invariants:
 
     def run_ended(self, requests: pd.DataFrame) -> None:
         """Every request finished or rejected with a reason; nothing held; links drained."""
-        engine = self.engine
-        s, kv = engine.scheduler, engine.kv
+        instance = self.instance
+        s, kv = instance.scheduler, instance.kv
         ended = (s.status == FINISHED) | (s.status == REJECTED)
         if not ended.all():
             rid = int(np.flatnonzero(~ended)[0])
