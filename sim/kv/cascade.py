@@ -31,6 +31,7 @@ class Cascade:
         self.prefix = prefix  # cached prefix blocks exist (worth keeping below)
         self.copies, self.clock = copies, clock
         self.mode: ModeRules
+        self.home: Tier  # the mode's home tier
         self.prefetch: PrefetchHooks
 
     def below(self, tier: Tier) -> Tier | None:
@@ -64,7 +65,7 @@ class Cascade:
             return
         if tier.index == HBM and self.prefetch.active:
             self.prefetch.forget(b)
-        if tier is self.mode.home and t.where[HBM, b]:
+        if tier is self.home and t.where[HBM, b]:
             self.mode.left_home(np.array([b], dtype=np.int64))
         below = self.below(tier)
         if (
@@ -120,7 +121,7 @@ class Cascade:
         if tier.index == HBM and self.prefetch.active:
             for b in ids.tolist():
                 self.prefetch.forget(b)
-        if tier is self.mode.home:
+        if tier is self.home:
             self.mode.left_home(ids)
         if below is not None and down.any():
             going = ids[down]

@@ -22,7 +22,7 @@ class PrefixLoads:
     def take(self, rid: int, hits: PrefixHits) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
         kv = self.kv
-        c, t, home = kv.counters, kv.table, kv.mode.home
+        c, t, home = kv.counters, kv.table, kv.home
         c.lookup_blocks += kv.index.lookup_blocks(rid)
         now = kv.now
         loads = self._reference(hits)
@@ -31,8 +31,8 @@ class PrefixLoads:
         kv.cascade.make_room(home, len(loads))
         for b in loads:
             home.add(b, now, evictable=False)
-        kv.holdings.blocks[rid] = hits.blocks.tolist()
-        kv.holdings.held[rid] = len(hits)
+        kv.blocks[rid] = hits.blocks.tolist()
+        kv.held[rid] = len(hits)
         kv.index.registered[rid] = len(hits)
         c.prefix_hit_tokens += len(hits) * kv.bt
         waits: list[simpy.Event] = []
@@ -55,7 +55,7 @@ class PrefixLoads:
         if not len(hits):
             return []
         kv = self.kv
-        c, t, home = kv.counters, kv.table, kv.mode.home
+        c, t, home = kv.counters, kv.table, kv.home
         for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
             c.hits[i] += n
         at = hits.blocks
@@ -83,7 +83,7 @@ class PrefixLoads:
         DRAM -> HBM; release the pinned ``sources``; wait for the prefetch copies of its
         blocks still in flight."""
         kv = self.kv
-        dram, home = kv.tiers[DRAM], kv.mode.home
+        dram, home = kv.tiers[DRAM], kv.home
         if on_ssd:
             yield kv.links.ssd_read.transfer(len(on_ssd) * dram.block_bytes)
             if home is not dram:

@@ -60,10 +60,14 @@ class KvManager:
         lost = lost_block_cost(table, self.index.hashes, self.bt)
         hbm = hbm_pool(config, table, self.mode, hbm_blocks, host.keeps_below[HBM], lost)
         self.tiers = [hbm, host.dram, host.ssd]
+        self.home: Tier = self.tiers[self.mode.home_index]  # running blocks live here
         self.holdings = Holdings(len(requests))
+        # the parts' state under the names the scheduler reads (the same objects)
+        self.blocks, self.held = self.holdings.blocks, self.holdings.held
         self.copies = CopyQueue(links, self.tiers[DRAM].block_bytes)
         self.cascade = Cascade(table, self.tiers, host.keeps_below, self.prefix, self.copies, clock)
         self.swap = SwapSpace(self)
+        self.swapped = self.swap.swapped  # the requests swapped out to DRAM
         self.loads = PrefixLoads(self)
         self.counters = Counters()
         self.on_loaded: Callable[[int], None] = lambda rid: None
@@ -71,6 +75,7 @@ class KvManager:
         self.arrival_s = requests.arrival_s
         self.prefetch = Prefetcher(self, kv.prefetch, requests.session)
         self.cascade.mode, self.cascade.prefetch = self.mode, self.prefetch
+        self.cascade.home = self.home
         self.step_reads = np.zeros(0, dtype=np.int64)  # blocks the current step reads (pinned)
         self.reads_observer: ReadsObserver | None = None  # the heat log, if one is kept
 
@@ -82,26 +87,6 @@ class KvManager:
         return self.clock.now
 
     @property
-    def home(self) -> Tier:
-        """The tier running requests' blocks live in."""
-        return self.mode.home
-
-    @property
-    def blocks(self) -> list[list[int]]:
-        """Each request's blocks, in order."""
-        return self.holdings.blocks
-
-    @property
-    def held(self) -> np.ndarray:
-        """How many blocks each request holds."""
-        return self.holdings.held
-
-    @property
-    def swapped(self) -> set[int]:
-        """The requests swapped out to DRAM."""
-        return self.swap.swapped
-
-    @property
     def blocking(self) -> list[simpy.Event]:
         """Copies the next step must wait for."""
         return self.copies.blocking
@@ -111,38 +96,38 @@ class KvManager:
     @property
     def available(self) -> int:
         """Blocks the home tier can give (free slots plus evictable cached blocks)."""
-        return self.mode.home.available
+        return self.home.available
 
     def need(self, rid: int, tokens: int) -> int:
         """New blocks ``rid`` needs to hold ``tokens`` tokens."""
-        return max(-(-tokens // self.bt) - int(self.holdings.held[rid]), 0)
+        return max(-(-tokens // self.bt) - int(self.held[rid]), 0)
 
     def allocate(self, rid: int, tokens: int) -> None:
         """Give ``rid`` blocks for ``tokens`` tokens in the home tier."""
         k = self.need(rid, tokens)
         if k == 0:
             return
-        home, held = self.mode.home, self.holdings.held
+        home, held = self.home, self.held
         if k > home.free_slots:
             self.cascade.make_room(home, k)
         heat = self.access.initial_heat() if k == 1 else self.access.initial_heats(k)
         ids = self.table.new_many(rid, int(held[rid]), heat)
         home.add_pinned(ids)
-        self.holdings.blocks[rid].extend(ids)
+        self.blocks[rid].extend(ids)
         held[rid] += k
 
     def grow_each(self, rids: np.ndarray, positions: np.ndarray) -> None:
         """One more block for each entry of ``rids``, in order: the same as :meth:`allocate`
         for each, when the home tier has the room and new blocks draw no heat (full access).
         ``positions``: each new block's number in its request (a request may repeat)."""
-        home, held = self.mode.home, self.holdings.held
+        home, held = self.home, self.held
         if len(rids) < FEW_BLOCKS or self.access.sparse or len(rids) > home.free_slots:
             for rid in rids.tolist():  # (a few blocks: one at a time is quicker)
                 self.allocate(rid, (int(held[rid]) + 1) * self.bt)
             return
         ids = self.table.new_each(rids, positions)
         home.add_pinned(ids)
-        lists = self.holdings.blocks
+        lists = self.blocks
         for rid, b in zip(rids.tolist(), ids, strict=True):
             lists[rid].append(b)
         np.add.at(held, rids, 1)
@@ -153,8 +138,8 @@ class KvManager:
         """``rid`` no longer needs its blocks: cache the hashed ones, drop the rest (tail first)."""
         now, t = self.now, self.table
         if self.prefetch.sessions is not None:
-            self.prefetch.turn_ended(rid, self.holdings.blocks[rid])
-        blocks = np.asarray(self.holdings.blocks[rid][::-1], dtype=np.int64)
+            self.prefetch.turn_ended(rid, self.blocks[rid])
+        blocks = np.asarray(self.blocks[rid][::-1], dtype=np.int64)
         t.ref[blocks] -= 1
         dead = blocks[t.ref[blocks] <= 0]  # a request's blocks are distinct: tail first
         if not self.prefix and not self.prefetch.active:  # nothing is cached: drop at once
@@ -218,7 +203,7 @@ class KvManager:
         new = max(-(-tokens // self.bt) - len(hits), 0)
         if not len(hits):
             return new
-        ids, home = hits.blocks, self.mode.home
+        ids, home = hits.blocks, self.home
         taken = len(home.evictable.intersection(ids.tolist()))  # (a prefix's are distinct)
         elsewhere = len(ids) - int(np.count_nonzero(self.table.where[home.index, ids]))
         return new + taken + elsewhere
@@ -231,7 +216,7 @@ class KvManager:
         """Make ``rid``'s newly completed prompt blocks findable (the mode may copy them)."""
         if not self.prefix:
             return
-        blocks = self.holdings.blocks[rid]
+        blocks = self.blocks[rid]
         span = self.index.newly_full(rid, len(blocks), computed)
         if span is not None:
             self.mode.register(blocks, self.index.hashes[rid], *span)

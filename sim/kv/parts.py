@@ -42,6 +42,9 @@ class KvParts(Protocol):
     links: Links
     table: BlockTable
     tiers: list[Tier]
+    home: Tier
+    blocks: list[list[int]]
+    held: np.ndarray
     bt: int
     layers: int
     access: AccessModel
@@ -59,7 +62,6 @@ class KvParts(Protocol):
     @property
     def now(self) -> float: ...
 
-    @property
-    def swapped(self) -> set[int]: ...
+    swapped: set[int]
 
     def match(self, rid: int) -> PrefixHits: ...

@@ -29,7 +29,7 @@ class SwapSpace:
         """
         kv = self.kv
         dram, hbm, t = kv.tiers[DRAM], kv.tiers[HBM], kv.table
-        blocks = kv.holdings.blocks[rid]
+        blocks = kv.blocks[rid]
         there = t.where[DRAM, blocks]
         moving = [b for b, x in zip(blocks, there.tolist(), strict=True) if not x]
         copies = np.asarray(blocks)[there].tolist()
@@ -54,7 +54,7 @@ class SwapSpace:
         still in HBM (shared with a request there) needs no copy; a block another swapped-out
         request holds keeps its DRAM copy."""
         kv = self.kv
-        blocks, t, holds, home = kv.holdings.blocks[rid], kv.table, self.holds, kv.mode.home
+        blocks, t, holds, home = kv.blocks[rid], kv.table, self.holds, kv.home
         coming = self.blocks_in(rid)
         kv.cascade.make_room(home, coming)
         now, dram = kv.now, kv.tiers[DRAM]
@@ -70,7 +70,7 @@ class SwapSpace:
 
     def blocks_in(self, rid: int) -> int:
         """Blocks of swapped-out ``rid`` that :meth:`swap_in` copies (those not in HBM)."""
-        blocks = self.kv.holdings.blocks[rid]
+        blocks = self.kv.blocks[rid]
         return len(blocks) - int(np.count_nonzero(self.kv.table.where[HBM, blocks]))
 
     def leave_hbm(self, blocks: np.ndarray) -> None:

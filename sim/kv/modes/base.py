@@ -41,7 +41,7 @@ class Mode:
     @property
     def home(self) -> Tier:
         """The tier a running request's blocks live in (admission is bounded by it)."""
-        return self.kv.tiers[self.home_index]
+        return self.kv.home
 
     @staticmethod
     def keeps_below(blocks: list[int]) -> list[bool]:

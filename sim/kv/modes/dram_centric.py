@@ -88,7 +88,7 @@ class DramCentricMode(Mode):
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Blocks this step starts writing (its new tokens' blocks not yet holding KV)."""
-        bt, lists = self.kv.bt, self.kv.holdings.blocks
+        bt, lists = self.kv.bt, self.kv.blocks
         first, end = -(-context // bt), -(-(context + new) // bt)
         out = []
         for i in np.flatnonzero(end > first).tolist():  # most decodes start no block
