@@ -121,10 +121,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         help="override a config key, e.g. --set engine.max_num_seqs=64 (repeatable)",
     )
     parser.add_argument(
-        "--check",
-        action=argparse.BooleanOptionalAction,
-        default=None,
+        "--check", action=argparse.BooleanOptionalAction, default=None,
         help="verify invariants after every step and run of steps (engine.check; default: the "
         "config's)",
-    )
+    )  # fmt: skip
     parser.set_defaults(func=run_command)
