@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from sim import units
+from sim.config.base import PLAUSIBLE, Plausible
 from sim.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,9 @@ HEADER = """# Configuration reference
 
 Every key of a run config (`kvsim run CONFIG`), section by section. Sizes, bandwidths,
 durations and rates accept readable units (`80GiB`, `3.35TB/s`, `64GB/s`, `5us`,
-`989TFLOP/s`, `4/s`); bare numbers are SI, and the *unit* column names the SI unit. Any key
+`989TFLOP/s`, `4/s`); bare numbers are SI, and the *unit* column names the SI unit; a hardware
+or KV size, bandwidth, latency or compute rate must lie in the [plausible
+range](#plausible-ranges) of its kind (`h2d: 64` is 64 B/s: an error). Any key
 can be set from the command line with `--set key.path=value`; unknown keys are errors.
 Profiles (`model`, `hardware`) are usually given by name: their keys are listed so that
 inline mappings and `{profile: NAME, key: value}` overrides can be written.
@@ -116,6 +119,15 @@ def _bounds(metadata: list[Any]) -> str:
     return ", ".join(out)
 
 
+def _plausible(metadata: list[Any]) -> Plausible | None:
+    """The plausible range a unit-typed field is held to (``sim.config.base.plausible``)."""
+    for item in metadata:
+        owner = getattr(getattr(item, "func", None), "__self__", None)
+        if isinstance(owner, Plausible):
+            return owner
+    return None
+
+
 def _default(info: Any, unit: str) -> str:
     if info.is_required():
         return "required"
@@ -143,6 +155,7 @@ class Generator:
         self.done: dict[Any, str] = {}  # class or union title -> anchor
         self.used: set[tuple[str, str]] = set()
         self.missing: list[str] = []
+        self.ranged: dict[str, list[str]] = {kind: [] for kind in PLAUSIBLE}  # kind -> keys
 
     def describe(self, cls: type[BaseModel], name: str) -> str:
         info = cls.model_fields[name]
@@ -213,6 +226,12 @@ class Generator:
         else:
             kind = " or ".join(_type_name(m) for m in members)
             bounds = _bounds(metadata)
+            ranged = _plausible(metadata)
+            if ranged is not None:
+                title = TITLES.get(cls.__name__, "")  # a section shared by several keys
+                self.ranged[ranged.kind].append(f"{title}.{name}" if "*" in title else path)
+                plausible = f"[plausible](#plausible-ranges): {ranged.range_text()}"
+                bounds = f"{bounds}; {plausible}" if bounds else plausible
             kind += f" ({bounds})" if bounds else ""
         if optional:
             kind += " or null"
@@ -283,7 +302,28 @@ def render() -> str:
         if section.rows:
             lines += ["| key | type | unit | default | meaning |", "|---|---|---|---|---|"]
             lines += ["| " + " | ".join(row) + " |" for row in section.rows]
+    lines += _ranges_section(gen.ranged)
     return "\n".join(lines) + "\n"
+
+
+def _ranges_section(ranged: dict[str, list[str]]) -> list[str]:
+    """The table of plausible ranges (``sim.config.base.PLAUSIBLE``) and the keys of each."""
+    lines = ["", '<a id="plausible-ranges"></a>', "", "## plausible ranges", ""]
+    lines += [
+        "A size, bandwidth, latency or compute rate outside the range of its kind is an error "
+        "that names the key, the value as read (a number without a unit is SI: `h2d: 64` is "
+        "64 B/s) and the unit that was probably meant (`64GB/s`). 0 stays allowed where a key "
+        "takes 0 for none. The lower bounds sit far below real parts so that scaled-down test "
+        "configs load; they still catch a number written without its unit.",
+        "",
+        "| kind | range | typical | keys |",
+        "|---|---|---|---|",
+    ]
+    for kind, spec in PLAUSIBLE.items():
+        keys = ", ".join(f"`{key}`" for key in ranged[kind])
+        fmt = spec.dimension.format
+        lines.append(f"| {kind} | {spec.range_text()} | {fmt(spec.typical)} | {keys} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

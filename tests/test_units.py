@@ -25,6 +25,9 @@ from sim.units import BANDWIDTH, BYTES, DURATION, FLOP_RATE, format_bytes
         (BYTES, 1024, 1024.0),
         (DURATION, 0.25, 0.25),
         (BYTES, "6.74e+9B", 6.74e9),
+        (BYTES, "8e10", 8e10),  # --set hardware.hbm.capacity=8e10: YAML gives a string
+        (BANDWIDTH, "55e9", 55e9),
+        (FLOP_RATE, "1e15", 1e15),
     ],
 )
 def test_parses_readable_units(dim, text, expected):
@@ -56,3 +59,39 @@ def test_bare_integers_are_si(n):
 def test_format_bytes():
     assert format_bytes(1.5 * 2**30) == "1.50 GiB"
     assert format_bytes(100) == "100 B"
+
+
+@pytest.mark.parametrize(
+    ("dim", "value", "shown"),
+    [
+        (BANDWIDTH, 64.0, "64 B/s"),
+        (BANDWIDTH, 55e9, "55 GB/s"),
+        (BANDWIDTH, 1e15, "1 PB/s"),
+        (BANDWIDTH, 3.35e12, "3.35 TB/s"),
+        (BYTES, 512.0, "512 B"),
+        (BYTES, 80 * 2**30, "80 GiB"),
+        (BYTES, 1.5 * 2**20, "1.5 MiB"),
+        (DURATION, 5.0, "5 s"),
+        (DURATION, 5e-6, "5 us"),
+        (DURATION, 854e-9, "854 ns"),
+        (DURATION, 3600.0, "3600 s"),
+        (FLOP_RATE, 989e12, "989 TFLOP/s"),
+    ],
+)
+def test_format_shows_the_largest_unit_not_above_the_value(dim, value, shown):
+    assert dim.format(value) == shown
+
+
+@pytest.mark.parametrize(
+    ("dim", "value", "written"),
+    [
+        (BANDWIDTH, 64, (64.0, "")),
+        (BANDWIDTH, "64GB/s", (64.0, "GB/s")),
+        (BYTES, " 1.5 TiB ", (1.5, "TiB")),
+        (DURATION, "1e-3", (1e-3, "")),
+        (BYTES, "lots", None),
+        (BYTES, True, None),
+    ],
+)
+def test_written_splits_number_and_unit_as_the_user_wrote_them(dim, value, written):
+    assert dim.written(value) == written

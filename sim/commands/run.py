@@ -48,26 +48,47 @@ def format_summary(summary: dict) -> str:
 
 
 def check_schedulable(result: RunResult, source: str) -> None:
-    """Refuse a run in which no request could ever be scheduled (every one rejected)."""
+    """Refuse a run in which no request could ever be scheduled (every one rejected), naming
+    the key that limits the shortest request: ``engine.max_model_len``,
+    ``engine.max_batched_tokens`` without chunked prefill, or the room KV lives in (the KV
+    pool's key, :meth:`HbmPlan.pool_key`; in ``dram_centric`` the DRAM capacity's)."""
     summary = result.summary
     if summary["requests_finished"] or not summary["requests_rejected"]:
         return
-    reasons = ", ".join(f"{why}: {n}" for why, n in summary["rejected_reasons"].items())
-    requests, engine = result.requests, result.config.engine
+    config, plan, engine = result.config, result.plan, result.config.engine
+    requests = result.requests
     shortest = int((requests.prompt_tokens + requests.output_tokens).min())
-    limits = [
-        f"max_batched_tokens {engine.max_batched_tokens} with chunked_prefill "
-        f"{str(engine.chunked_prefill).lower()}",
-        f"a KV pool of {result.plan.pool_blocks} blocks of {engine.block_tokens} tokens",
-    ]
-    if engine.max_model_len:
-        limits.append(f"max_model_len {engine.max_model_len}")
+    blocks = -(-(shortest - 1) // engine.block_tokens)  # its last token needs no KV
+    limits: list[tuple[str, str, str]] = []  # key, what it allows, what would do
+    if engine.max_model_len and shortest > engine.max_model_len:
+        key, most = "engine.max_model_len", engine.max_model_len
+        limits.append((key, f"{key} is {most}", f"{key} of at least {shortest}"))
+    if not engine.chunked_prefill and shortest > engine.max_batched_tokens:
+        key, most = "engine.max_batched_tokens", engine.max_batched_tokens
+        said = f"without chunked prefill (engine.chunked_prefill false) one step holds {key} {most}"
+        limits.append((key, said, f"{key} of at least {shortest} or engine.chunked_prefill true"))
+    if config.kv.mode == "dram_centric":
+        key, room = config.tier_capacity("dram")
+        block = config.tier_block_bytes("dram")
+        held = f"{key} {format_bytes(room)} holds {int(room // block)} blocks"
+        if room // block < blocks:
+            said = f"in dram_centric every block ({format_bytes(block)}) lives in DRAM, and {held}"
+            limits.append((key, said, f"{key} of at least {format_bytes(blocks * block)}"))
+    elif plan.pool_blocks < blocks:
+        pool = f"{plan.pool_blocks} blocks: " + (
+            "engine.kv_pool_blocks" if engine.kv_pool_blocks else plan.carve(config)
+        )
+        said = f"the KV pool holds {pool}"
+        limits.append((plan.pool_key(config), said, f"a KV pool of at least {blocks} blocks"))
+    reasons = ", ".join(f"{why}: {n}" for why, n in summary["rejected_reasons"].items())
+    said = "; and ".join(limit for _, limit, _ in limits) or "the engine's limits refuse it"
+    fixes = " and ".join(fix for _, _, fix in limits) or "engine limits that fit it"
     raise ConfigError(
         f"no request can ever be scheduled: all {summary['requests_rejected']} were rejected "
-        f"({reasons}); the shortest needs {shortest} tokens; expected engine limits that fit "
-        f"it, got {', '.join(limits)}",
+        f"({reasons}); the shortest needs {shortest} tokens ({blocks} blocks of "
+        f"{engine.block_tokens}), but {said}; expected {fixes}",
         source=source,
-        key="engine",
+        key=limits[0][0] if limits else "engine",
     )
 
 

@@ -13,6 +13,15 @@ from pydantic import BaseModel, ValidationError
 from sim.errors import ConfigError
 
 
+class KeyedValueError(ValueError):
+    """A section's validator blaming one key inside it (``key``, dotted, relative to the
+    section), so that the message names the key the user wrote, not the whole section."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 def _unwrap(annotation: Any) -> Any:
     """Strip Annotated and Optional from a field annotation."""
     while typing.get_origin(annotation) is typing.Annotated:
@@ -73,6 +82,10 @@ def suggest(name: str, known: list[str]) -> str:
 def _describe(root: type[BaseModel], error: dict[str, Any]) -> str:
     key, known = _walk(root, tuple(error["loc"]))
     value = error.get("input")
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, KeyedValueError):
+        key = ".".join(part for part in (key, cause.key) if part)
+        value = _inside(value, cause.key)
     if error["type"] == "extra_forbidden":
         leaf = key.rsplit(".", 1)[-1]
         expected = ", ".join(sorted(k for k in known if k != "kind"))
@@ -83,6 +96,16 @@ def _describe(root: type[BaseModel], error: dict[str, Any]) -> str:
     if key and "got " not in message:  # NOTE: unit and policy messages already show the value
         message = f"{message} (got {_shown(value)})"
     return f"key '{key}': {message}" if key else message
+
+
+def _inside(data: Any, key: str) -> Any:
+    """``data[a][b]`` for the key ``a.b`` (``data`` itself where it holds no such key)."""
+    node = data
+    for name in key.split("."):
+        if not isinstance(node, dict) or name not in node:
+            return data
+        node = node[name]
+    return node
 
 
 def _shown(value: Any, limit: int = 80) -> str:

@@ -2,35 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from sim.config.base import Bandwidth, Bytes, FlopRate, PositiveBytes, Seconds, Strict
+from sim.config.base import (
+    Bandwidth,
+    Bytes,
+    FlopRate,
+    PositiveBytes,
+    Seconds,
+    Strict,
+    plausible,
+)
 
+Rate = Annotated[FlopRate, plausible("compute rate")]
+LinkBandwidth = Annotated[Bandwidth, plausible("host link bandwidth")]
+StorageBandwidth = Annotated[Bandwidth, plausible("storage bandwidth")]
+KernelSeconds = Annotated[Seconds, plausible("kernel latency")]
 LinkKind = Literal["pcie-gen4", "pcie-gen5", "nvlink-c2c", "infinity-fabric", "memcpy"]
 
 
 class Hbm(Strict):
     """Device memory: capacity, peak bandwidth, and what the runtime keeps for itself."""
 
-    capacity: PositiveBytes
-    bandwidth: Bandwidth
-    runtime_reserve: Bytes = 0.0
+    capacity: Annotated[PositiveBytes, plausible("device memory capacity")]
+    bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
+    runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
 
 
 class Compute(Strict):
     """Dense peak compute rates."""
 
-    bf16_flops: FlopRate
-    fp8_flops: FlopRate | None = None
+    bf16_flops: Rate
+    fp8_flops: Rate | None = None
 
 
 class Dram(Strict):
     """Host memory available to this device."""
 
-    capacity: Bytes
-    bandwidth: Bandwidth
+    capacity: Annotated[Bytes, plausible("host memory capacity")]
+    bandwidth: Annotated[Bandwidth, plausible("host memory bandwidth")]
 
 
 class Link(Strict):
@@ -41,20 +53,20 @@ class Link(Strict):
     """
 
     kind: LinkKind
-    h2d: Bandwidth
-    d2h: Bandwidth
-    latency: Seconds = 0.0
+    h2d: LinkBandwidth
+    d2h: LinkBandwidth
+    latency: Annotated[Seconds, plausible("transfer latency")] = 0.0
     coherent: bool = False
-    half_efficiency_bytes: Bytes = 0.0
+    half_efficiency_bytes: Annotated[Bytes, plausible("half-efficiency copy size")] = 0.0
 
 
 class Ssd(Strict):
     """Optional NVMe tier (capacity 0 = none)."""
 
-    capacity: Bytes = 0.0
-    read: Bandwidth = 7e9
-    write: Bandwidth = 4e9
-    latency: Seconds = 80e-6
+    capacity: Annotated[Bytes, plausible("storage capacity")] = 0.0
+    read: StorageBandwidth = 7e9
+    write: StorageBandwidth = 4e9
+    latency: Annotated[Seconds, plausible("storage latency")] = 80e-6
 
 
 class Kernel(Strict):
@@ -64,9 +76,9 @@ class Kernel(Strict):
     (``docs/cost-model.md``); no ``row_bandwidth`` means no per-row term, no ``blend`` a hard max.
     """
 
-    latency: Seconds
+    latency: KernelSeconds
     memory: float = Field(gt=0, le=1)
-    row_bandwidth: Bandwidth | None = None
+    row_bandwidth: Annotated[Bandwidth, plausible("kernel row bandwidth")] | None = None
     blend: float | None = Field(None, ge=1)
 
 
@@ -91,13 +103,13 @@ class Efficiency(Strict):
     gemm: float = Field(0.7, gt=0, le=1)
     attention: float = Field(0.5, gt=0, le=1)
     hbm: float = Field(0.85, gt=0, le=1)
-    step_overhead: Seconds = 0.0
-    layer_overhead: Seconds = 0.0
+    step_overhead: Annotated[Seconds, plausible("step overhead")] = 0.0
+    layer_overhead: KernelSeconds = 0.0
     gemm_memory: float | None = Field(None, gt=0, le=1)
-    gemm_latency: Seconds = 0.0
+    gemm_latency: KernelSeconds = 0.0
     gemm_blend: float | None = Field(None, ge=1)
     kernels: Kernels | None = None
-    attention_latency: Seconds = 0.0
+    attention_latency: KernelSeconds = 0.0
 
 
 class HardwareSpec(Strict):

@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from sim.config.base import Bytes, Strict
+from sim.config.base import Bytes, Strict, plausible
+from sim.config.errors import KeyedValueError
 from sim.config.model import Dtype
 
 KV_MODES = ("hbm", "offload", "dram_centric")
@@ -37,7 +38,7 @@ class SparseAccess(Strict):
     @model_validator(mode="after")
     def _one_topk(self) -> SparseAccess:
         if self.topk_fraction is not None and "topk_blocks" in self.model_fields_set:
-            raise ValueError("give topk_blocks or topk_fraction, not both")
+            raise KeyedValueError("topk_fraction", "give topk_blocks or topk_fraction, not both")
         return self
 
 
@@ -103,8 +104,8 @@ class KvConfig(Strict):
 
     mode: str = "hbm"
     dtype: Dtype | None = None
-    dram_capacity: Bytes | None = None
-    ssd_capacity: Bytes | None = None
+    dram_capacity: Annotated[Bytes, plausible("DRAM budget for KV")] | None = None
+    ssd_capacity: Annotated[Bytes, plausible("SSD budget for KV")] | None = None
     access: Access = FullAccess()
     layerwise: bool = True
     write_policy: Literal["write_through", "write_back"] = "write_through"
@@ -130,21 +131,23 @@ class KvConfig(Strict):
     @model_validator(mode="after")
     def _direct_read_needs_dram_centric(self) -> KvConfig:
         if self.direct_read and self.mode != "dram_centric":
-            raise ValueError("direct_read: true needs mode: dram_centric")
+            raise KeyedValueError("direct_read", "direct_read: true needs mode: dram_centric")
         return self
 
     @model_validator(mode="after")
     def _prefetch_has_a_lower_tier(self) -> KvConfig:
         name = self.prefetch_name
         if name == "queue_lookahead" and self.mode == "hbm":
-            raise ValueError(
+            raise KeyedValueError(
+                "prefetch",
                 "prefetch queue_lookahead needs mode offload or dram_centric: in hbm mode no "
-                "prefix block lives below HBM, so there is nothing to bring up"
+                "prefix block lives below HBM, so there is nothing to bring up",
             )
         if name == "heat" and self.mode != "dram_centric":
-            raise ValueError(
+            raise KeyedValueError(
+                "prefetch",
                 "prefetch heat needs mode dram_centric: it stages the blocks the next decode "
-                "step reads, which only dram_centric keeps outside HBM"
+                "step reads, which only dram_centric keeps outside HBM",
             )
         return self
 

@@ -200,6 +200,27 @@ def load_hardware(name: str) -> HardwareSpec:
     return validate(HardwareSpec, load_profile("hardware", name), f"hardware_profiles/{name}.yaml")
 
 
+def set_by_run(config: RunConfig, key: str) -> bool:
+    """Whether the run gave ``key`` (a dotted path such as ``hardware.hbm.capacity``) itself,
+    rather than leaving it to a default or to the bundled profile it names.
+
+    Messages blame such a key: it is the one the user wrote.
+    """
+    section, *path = key.split(".")
+    node: Any = getattr(config, section)
+    if section in PROFILE_PACKAGES:
+        if node.name not in profile_names(section):
+            return True  # an inline profile: the run wrote every key
+        loader = load_hardware if section == "hardware" else load_model
+        base: Any = loader(node.name)
+        for name in path:
+            node, base = getattr(node, name), getattr(base, name)
+        return node != base
+    for name in path[:-1]:
+        node = getattr(node, name)
+    return path[-1] in node.model_fields_set
+
+
 def dump_config(config: RunConfig) -> str:
     """The resolved config as YAML, every default filled in (SI units)."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

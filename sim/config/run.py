@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from sim.config.base import DTYPE_BYTES, Strict
+from sim.config.errors import KeyedValueError
 from sim.config.hardware import HardwareSpec
 from sim.config.kv import KvConfig
 from sim.config.model import ModelSpec
@@ -44,9 +45,10 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _coherent_link_for_direct_read(self) -> RunConfig:
         if self.kv.direct_read and not self.hardware.link.coherent:
-            raise ValueError(
+            raise KeyedValueError(
+                "kv.direct_read",
                 f"kv.direct_read needs a coherent host link (hardware.link.coherent: true, as "
-                f"NVLink-C2C on gh200); {self.hardware.name!r} has {self.hardware.link.kind}"
+                f"NVLink-C2C on gh200); {self.hardware.name!r} has {self.hardware.link.kind}",
             )
         return self
 
@@ -63,6 +65,14 @@ class RunConfig(Strict):
         if tier == "dram":
             return dram
         return DTYPE_BYTES[self.kv.ssd_dtype] if self.kv.ssd_dtype else dram
+
+    def tier_capacity(self, tier: str) -> tuple[str, float]:
+        """The key that sets KV's room in ``dram`` or ``ssd`` (``kv.dram_capacity`` where
+        given, else ``hardware.dram.capacity``) and its bytes."""
+        own = getattr(self.kv, f"{tier}_capacity")
+        if own is not None:
+            return f"kv.{tier}_capacity", own
+        return f"hardware.{tier}.capacity", getattr(self.hardware, tier).capacity
 
     def tier_block_bytes(self, tier: str) -> float:
         """Bytes of one KV block (``block_tokens`` tokens, all layers) in a tier."""

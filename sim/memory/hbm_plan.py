@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.config.loader import set_by_run
 from sim.config.run import RunConfig
 from sim.cost.roofline import CostModel
 from sim.errors import ConfigError
@@ -31,9 +32,39 @@ class HbmPlan:
         """Bytes of the KV pool."""
         return self.pool_blocks * self.block_bytes
 
+    def carve(self, config: RunConfig) -> str:
+        """How the pool is carved, each term named by its key: ``engine.gpu_memory_utilization
+        0.9 x hardware.hbm.capacity 79.65 GiB - weights 14.96 GiB - ...``."""
+        engine = config.engine
+        return (
+            f"engine.gpu_memory_utilization {engine.gpu_memory_utilization:g} x "
+            f"hardware.hbm.capacity {format_bytes(self.capacity)} - model weights "
+            f"{format_bytes(self.weights)} - hardware.hbm.runtime_reserve "
+            f"{format_bytes(self.runtime_reserve)} - activations "
+            f"{format_bytes(self.activation_peak)} (at engine.max_batched_tokens "
+            f"{engine.max_batched_tokens})"
+        )
+
+    def pool_key(self, config: RunConfig) -> str:
+        """The key to blame for the pool's size: the first the run wrote of
+        ``engine.kv_pool_blocks``, ``hardware.hbm.capacity``, ``engine.gpu_memory_utilization``,
+        then ``engine.max_batched_tokens`` or ``hardware.hbm.runtime_reserve`` where it takes
+        more HBM than the weights; else ``model`` (its weights on this hardware)."""
+        if config.engine.kv_pool_blocks is not None:
+            return "engine.kv_pool_blocks"
+        candidates = [
+            ("hardware.hbm.capacity", True),
+            ("engine.gpu_memory_utilization", True),
+            ("engine.max_batched_tokens", self.activation_peak > self.weights),
+            ("hardware.hbm.runtime_reserve", self.runtime_reserve > self.weights),
+        ]
+        written = (key for key, large in candidates if large and set_by_run(config, key))
+        return next(written, "model")
+
 
 def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
-    """Size the KV pool; a model that does not fit is a ConfigError."""
+    """Size the KV pool; a model that does not fit is a ConfigError naming the key that the
+    run wrote and that leaves no room (:meth:`HbmPlan.pool_key`)."""
     hw, engine = config.hardware, config.engine
     usable = engine.gpu_memory_utilization * hw.hbm.capacity
     peak_seqs = min(engine.max_num_seqs, engine.max_batched_tokens)
@@ -49,18 +80,7 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
                 key="engine.kv_pool_blocks",
             )
         pool_blocks = engine.kv_pool_blocks
-    if pool_blocks < 1:
-        weights = format_bytes(config.model.weight_bytes)
-        raise ConfigError(
-            f"model {config.model.name!r} does not fit: weights {weights}"
-            f" + runtime reserve {format_bytes(hw.hbm.runtime_reserve)}"
-            f" + activations {format_bytes(activation_peak)} (at max_batched_tokens"
-            f" {engine.max_batched_tokens}) leave no room for one KV block in"
-            f" {engine.gpu_memory_utilization:g} x {format_bytes(hw.hbm.capacity)} of HBM on"
-            f" {hw.name!r}; expected a larger HBM, a smaller model or fewer batched tokens",
-            key="model",
-        )
-    return HbmPlan(
+    plan = HbmPlan(
         capacity=hw.hbm.capacity,
         usable=usable,
         weights=config.model.weight_bytes,
@@ -69,3 +89,12 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
         block_bytes=config.block_bytes,
         pool_blocks=pool_blocks,
     )
+    if pool_blocks < 1:
+        raise ConfigError(
+            f"model {config.model.name!r} does not fit on {hw.name!r}: the KV pool, "
+            f"{plan.carve(config)}, has no room for one KV block of "
+            f"{format_bytes(config.block_bytes)}; expected a larger HBM, a smaller model or fewer "
+            "batched tokens",
+            key=plan.pool_key(config),
+        )
+    return plan
