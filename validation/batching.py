@@ -52,7 +52,7 @@ def check_engine(config: RunConfig) -> None:
         problems.append("kv.access: sparse (full only)")
     if kv.mode == "offload" and kv.write_policy != "write_through":
         problems.append("kv.write_policy: write_back (write_through only)")
-    ssd = kv.ssd_capacity if kv.ssd_capacity is not None else config.hardware.ssd.capacity
+    ssd = config.tier_capacity("ssd")[1]
     if kv.mode == "offload" and ssd > 0:
         problems.append("an SSD tier (set kv.ssd_capacity: 0)")
     if kv.dtype or kv.dram_dtype or kv.ssd_dtype:

@@ -18,9 +18,7 @@ from sim.memory.tiers import Tier
 def tier_blocks(config: RunConfig, hbm_blocks: int) -> list[int]:
     """Each tier's capacity in blocks (HBM: the pool; DRAM and SSD: ``kv.*_capacity`` or the
     hardware's)."""
-    kv, hw = config.kv, config.hardware
-    dram = kv.dram_capacity if kv.dram_capacity is not None else hw.dram.capacity
-    ssd = kv.ssd_capacity if kv.ssd_capacity is not None else hw.ssd.capacity
+    dram, ssd = (config.tier_capacity(tier)[1] for tier in ("dram", "ssd"))
     capacities = (hbm_blocks * config.tier_block_bytes("hbm"), dram, ssd)
     return [
         int(c // config.tier_block_bytes(name))
