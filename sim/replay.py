@@ -1,9 +1,19 @@
 """Fast cache replay: a trace's prompt blocks through one demand-cached pool, no engine.
 
 An access is one prompt block of one request; requests are taken in arrival order (a
-stable sort by timestamp, so ties keep file order) at the trace's own block granularity
-(one Mooncake hash id is one block). A hit means the block was in the pool; a miss is
-always inserted, for every policy (OPT included: Belady's MIN for demand caching).
+stable sort by timestamp, so ties keep file order), the first ``max_requests`` of them if
+given (the engine's selection, :func:`sim.workload.trace.select_rows`). A hit means the
+block was in the pool; a miss is always inserted, for every policy (OPT included: Belady's
+MIN for demand caching).
+
+Two units. By default a block is the trace's own (one Mooncake hash id, 512 tokens, the
+partial last one included) and every access counts. With ``block_tokens`` a block is the
+engine's: each trace block splits into engine blocks hashed by the workload's own code
+(:func:`sim.workload.trace.block_hashes`; a key is a hash's number in order of first access,
+as trace ids are), a request accesses its prompt's full blocks,
+and only those the engine looks up count (its full blocks but the last token,
+``(prompt - 1) // block_tokens``, as ``PrefixIndex.lookup_blocks``): the last full block of
+a prompt that fills it exactly is written to the pool, never looked up.
 """
 
 from __future__ import annotations
@@ -20,23 +30,30 @@ from tqdm import tqdm
 
 from policies import AccessTrace, make_eviction, replay
 from policies.registry import Spec, split_spec
+from sim.config.workload import TraceSource
 from sim.errors import KvsimError
-from sim.workload.trace import resolve_trace_path
+from sim.workload.hashing import offsets_of
+from sim.workload.trace import Selection, block_hashes, resolve_trace_path, select_rows
 from sim.workload.tracefile import LAYOUTS
+from sim.workload.tracetable import TraceTable
 from sim.workload.tracetable import read_trace as read_table
 
 FORMATS = ("mooncake",)
-CSV_COLUMNS = ("policy", "capacity_blocks", "accesses", "hits", "hit_rate")
+CSV_COLUMNS = (
+    "policy", "capacity_blocks", "accesses", "hits", "hit_rate", "block_tokens", "requests",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ReplayRow:
-    """Hits of one policy at one capacity."""
+    """Hits of one policy at one capacity; ``block_tokens`` None: the trace's own blocks."""
 
     policy: str
     capacity_blocks: int
     accesses: int
     hits: int
+    block_tokens: int | None = None
+    requests: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -44,17 +61,108 @@ class ReplayRow:
         return self.hits / self.accesses if self.accesses else 0.0
 
 
-def read_trace(path: str | Path, fmt: str = "mooncake") -> AccessTrace:
-    """A trace's prompt-block accesses in arrival order (the workload's reader and checks)."""
+@dataclass(frozen=True)
+class ReplayTrace:
+    """What a replay runs: every access (the pool sees them all) and which ones count.
+
+    Attributes:
+        accesses: the block keys, grouped in requests, in arrival order.
+        counted: per access, whether its hit or miss counts (None: every access counts).
+        block_tokens: tokens per block (None: the trace's own blocks).
+    """
+
+    accesses: AccessTrace
+    counted: np.ndarray | None = None
+    block_tokens: int | None = None
+
+    @property
+    def requests(self) -> int:
+        """Requests replayed."""
+        return len(self.accesses.starts)
+
+    @property
+    def lookups(self) -> int:
+        """Accesses that count (the hit rate's denominator)."""
+        if self.counted is None:
+            return len(self.accesses.keys)
+        return int(self.counted.sum())
+
+    def counted_hits(self, mask: np.ndarray) -> int:
+        """Counted hits of a replay's hit mask."""
+        return int(mask.sum() if self.counted is None else mask[self.counted].sum())
+
+
+def select_trace(
+    path: str | Path, fmt: str = "mooncake", max_requests: int | None = None
+) -> Selection:
+    """The trace's rows in arrival order, the first ``max_requests`` (the engine's selection)."""
     if fmt not in FORMATS:
         expected = ", ".join(FORMATS)
         raise KvsimError(f"trace format '{fmt}' is not supported by replay; expected {expected}")
+    if max_requests is not None and max_requests < 1:
+        raise KvsimError(f"--max-requests {max_requests}: expected an integer >= 1")
     table = read_table(resolve_trace_path(str(path), Path("."), key="trace"), LAYOUTS[fmt], False)
+    source = TraceSource.model_validate(
+        {"format": fmt, "path": str(path), "max_requests": max_requests, "on_unsorted": "sort"}
+    )
+    return select_rows(table, source, seed=0, key="trace")
+
+
+def read_replay_trace(
+    path: str | Path,
+    fmt: str = "mooncake",
+    *,
+    block_tokens: int | None = None,
+    max_requests: int | None = None,
+) -> ReplayTrace:
+    """A trace's accesses in trace blocks, or in engine blocks of ``block_tokens`` tokens."""
+    selection = select_trace(path, fmt, max_requests)
+    table, times = selection.table, selection.arrival_s
     assert table.hash_ids is not None and table.hash_offsets is not None
-    order = np.argsort(table.arrival_s, kind="stable").tolist()
-    ids, offsets = table.hash_ids, table.hash_offsets.tolist()
-    requests = [ids[offsets[i] : offsets[i + 1]].tolist() for i in order]
-    return AccessTrace.from_requests(requests, table.arrival_s[order].tolist())
+    if block_tokens is None:
+        starts = table.hash_offsets[:-1].astype(np.int64)
+        return ReplayTrace(AccessTrace(table.hash_ids.astype(np.int64), starts, times))
+    return _engine_blocks(table, times, block_tokens)
+
+
+def _engine_blocks(table: TraceTable, times: np.ndarray, block_tokens: int) -> ReplayTrace:
+    """Engine-block accesses: each prompt's full blocks; its lookup blocks count."""
+    trace_block = table.hash_block_tokens
+    assert trace_block is not None
+    if block_tokens < 1 or trace_block % block_tokens:
+        raise KvsimError(
+            f"--block-tokens {block_tokens}: expected a divisor of the {trace_block}-token "
+            f"blocks of {table.path} (16, 32, 64 ...), as engine.block_tokens must be"
+        )
+    hashes = block_hashes(table, block_tokens)
+    assert hashes is not None
+    blocks = np.array([len(h) for h in hashes], dtype=np.int64)  # prompt // block_tokens
+    lookups = np.minimum(blocks, (table.prompt_tokens - 1) // block_tokens)
+    offsets = offsets_of(blocks)
+    rows = np.repeat(np.arange(len(blocks)), blocks)
+    counted = np.arange(offsets[-1]) - offsets[rows] < lookups[rows]
+    flat = np.concatenate(hashes) if len(hashes) else np.zeros(0, np.uint64)
+    accesses = AccessTrace(first_seen_ids(flat), offsets[:-1], times)
+    return ReplayTrace(accesses, counted, block_tokens)
+
+
+def first_seen_ids(hashes: np.ndarray) -> np.ndarray:
+    """Each hash as the number of distinct hashes seen before its first access (0, 1, ...).
+
+    NOTE: policies take non-negative int keys (the fused loops use -1 as a sentinel), and a
+    64-bit hash is negative as an int64 half the time; equal hashes keep equal keys.
+    """
+    unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    rank = np.empty(len(unique), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(unique))
+    return rank[inverse.reshape(-1)]
+
+
+def read_trace(
+    path: str | Path, fmt: str = "mooncake", max_requests: int | None = None
+) -> AccessTrace:
+    """A trace's prompt-block accesses (trace blocks) in arrival order."""
+    return read_replay_trace(path, fmt, max_requests=max_requests).accesses
 
 
 def build_policy(spec: Spec, capacity: int, trace: AccessTrace, seed: int = 0) -> Any:
@@ -67,22 +175,23 @@ def build_policy(spec: Spec, capacity: int, trace: AccessTrace, seed: int = 0) -
         raise KvsimError(str(error)) from None
 
 
-_TRACE: AccessTrace | None = None  # the trace a worker process replays
+_TRACE: ReplayTrace | None = None  # the trace a worker process replays
 
 
-def _init_worker(trace: AccessTrace) -> None:
+def _init_worker(trace: ReplayTrace) -> None:
     global _TRACE
     _TRACE = trace
 
 
 def _count_hits(spec: Spec, capacity: int, fast: bool, seed: int) -> int:
     assert _TRACE is not None
-    policy = build_policy(spec, capacity, _TRACE, seed)
-    return int(replay(policy, _TRACE, capacity, fast=fast).sum())
+    accesses = _TRACE.accesses
+    policy = build_policy(spec, capacity, accesses, seed)
+    return _TRACE.counted_hits(replay(policy, accesses, capacity, fast=fast))
 
 
 def replay_table(
-    trace: AccessTrace,
+    trace: AccessTrace | ReplayTrace,
     policies: dict[str, Spec],
     capacities: Sequence[int],
     *,
@@ -92,10 +201,12 @@ def replay_table(
     progress: bool = True,
 ) -> list[ReplayRow]:
     """One row per (policy, capacity), in the order given; ``jobs`` processes share the work."""
+    if isinstance(trace, AccessTrace):
+        trace = ReplayTrace(trace)
     for spec in policies.values():
-        build_policy(spec, max(capacities), trace, seed)  # fail fast on a bad spec
+        build_policy(spec, max(capacities), trace.accesses, seed)  # fail fast on a bad spec
     tasks = [(label, cap) for label in policies for cap in capacities]
-    accesses = len(trace.keys)
+    accesses = len(trace.accesses.keys)
     hits: dict[tuple[str, int], int] = {}
     bar = tqdm(total=accesses * len(tasks), unit="acc", unit_scale=True, disable=not progress)
     with bar:
@@ -114,19 +225,23 @@ def replay_table(
                 for future in as_completed(futures):
                     hits[futures[future]] = future.result()
                     bar.update(accesses)
-    return [ReplayRow(label, cap, accesses, hits[label, cap]) for label, cap in tasks]
+    return [
+        ReplayRow(label, cap, trace.lookups, hits[label, cap], trace.block_tokens, trace.requests)
+        for label, cap in tasks
+    ]
 
 
 def write_csv(rows: Sequence[ReplayRow], path: Path) -> None:
-    """Write the rows with the columns ``CSV_COLUMNS``."""
+    """Write the rows with the columns ``CSV_COLUMNS`` (block_tokens empty: trace blocks)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
         for row in rows:
             writer.writerow(
-                [row.policy, row.capacity_blocks, row.accesses, row.hits, f"{row.hit_rate:.6f}"]
-            )
+                [row.policy, row.capacity_blocks, row.accesses, row.hits, f"{row.hit_rate:.6f}",
+                 "" if row.block_tokens is None else row.block_tokens, row.requests]
+            )  # fmt: skip
 
 
 def format_table(rows: Sequence[ReplayRow]) -> str:

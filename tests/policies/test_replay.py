@@ -114,7 +114,10 @@ def test_command_writes_one_row_per_policy_and_capacity(tmp_path, capsys):
     assert args.func(args) == 0
     with open(out, newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["policy", "capacity_blocks", "accesses", "hits", "hit_rate"]
+    assert list(rows[0]) == [
+        "policy", "capacity_blocks", "accesses", "hits", "hit_rate", "block_tokens", "requests"
+    ]  # fmt: skip
+    assert {(r["block_tokens"], r["requests"]) for r in rows} == {("", "4")}  # trace blocks
     assert [(r["policy"], int(r["capacity_blocks"])) for r in rows] == [
         (p, c) for p in ("lru", "opt", "fifo") for c in (1, 2, 100)
     ]
