@@ -5,28 +5,78 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim.errors import KvsimError
+
+if TYPE_CHECKING:
+    from experiments.plots import PlotOptions
 
 EXIT_FAILED_POINTS = 1
 
 
-def plot_command(args: argparse.Namespace) -> int:
-    """Draw one figure from run directories, a sweep directory, or a replay CSV."""
-    from experiments.plots import PLOTS, PlotOptions
+def _plot_options(args: argparse.Namespace) -> PlotOptions:
+    """The figure's options from ``kvsim plot``'s flags (limits checked here)."""
+    from experiments.plots import PlotOptions, parse_limits
 
-    first = Path(args.paths[0])
-    default = (first if first.is_dir() else first.parent) / f"{args.kind}.png"
-    options = PlotOptions(
+    return PlotOptions(
         where=tuple(args.where),
         x=args.x,
         metric=args.metric,
         hue=tuple(h for h in args.hue.split(",") if h) if args.hue is not None else None,
         panel=args.panel,
+        title=args.title,
+        xlabel=args.xlabel,
+        ylabel=args.ylabel,
+        xlim=parse_limits(args.xlim, "--xlim") if args.xlim is not None else None,
+        ylim=parse_limits(args.ylim, "--ylim") if args.ylim is not None else None,
+        legend=args.legend,
+        logx=args.logx,
+        logy=args.logy,
+        kv_detail=args.kv_detail,
+        data_out=args.data_out,
     )
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    """Draw one figure from run directories, a sweep directory, or a replay CSV."""
+    from experiments.plots import PLOTS
+
+    first = Path(args.paths[0])
+    default = (first if first.is_dir() else first.parent) / f"{args.kind}.png"
+    options = _plot_options(args)
     out = PLOTS[args.kind](args.paths, args.out or default, options)
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" and {options.data_out}" if options.data_out else ""))
     return 0
+
+
+def _add_look_options(parser: argparse.ArgumentParser) -> None:
+    """``kvsim plot``'s options for how the figure looks (any kind)."""
+    from experiments.plots import LEGENDS
+
+    look = parser.add_argument_group("how it looks (any kind; default: the figure's own)")
+    look.add_argument("--title", help="figure title ('' for none; default: model, GPU, KV mode)")
+    look.add_argument("--xlabel", help="x axis label")
+    look.add_argument("--ylabel", help="y axis label")
+    look.add_argument("--xlim", metavar="LOW,HIGH",
+                      help="x range in the axis' unit; a side may be empty (0,); --xlim=-1,5 "
+                      "for a negative LOW")  # fmt: skip
+    look.add_argument("--ylim", metavar="LOW,HIGH", help="y range, as --xlim")
+    look.add_argument(
+        "--legend", choices=LEGENDS, metavar="WHERE",
+        help="'outside' (right of the panels), 'none', or a matplotlib location ('best', "
+        "'upper left', ...); default: inside while it is small and the panel alone",
+    )  # fmt: skip
+    look.add_argument("--logx", action=argparse.BooleanOptionalAction,
+                      help="log x axis (default: where the values span a wide range)")  # fmt: skip
+    look.add_argument("--logy", action=argparse.BooleanOptionalAction, help="log y axis")
+    look.add_argument(
+        "--kv-detail", action=argparse.BooleanOptionalAction,
+        help="hbm-pressure: a strip under each panel with the KV alone (default: when KV is "
+        "under 15%% of HBM)",
+    )  # fmt: skip
+    look.add_argument("--data-out", type=Path, metavar="FILE.csv",
+                      help="also write the numbers the figure draws, as CSV")  # fmt: skip
 
 
 def add_plot_command(sub: argparse._SubParsersAction) -> None:
@@ -49,13 +99,14 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--where", action="append", default=[], metavar="KEY=VALUE",
-        help="keep the sweep points whose axis KEY equals VALUE (repeatable)",
+        help="keep the sweep points whose axis KEY equals VALUE, or one of V1|V2|... "
+        "(repeatable)",
     )  # fmt: skip
     parser.add_argument("--x", metavar="AXIS", help="throughput/hit-rate: the axis on x")
     parser.add_argument(
         "--metric", metavar="NAME",
-        help="throughput/hit-rate: the summary figure on y (default: output_tokens_per_s, "
-        "hbm_hit_rate)",
+        help="throughput/hit-rate: the summary figure on y (default: output_tokens_per_s; "
+        "hit-rate: hbm, dram or ssd, the tier's cross-request hit rate, default hbm)",
     )  # fmt: skip
     parser.add_argument(
         "--hue", metavar="AXIS,...",
@@ -63,7 +114,37 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
         "varies; '' for one line)",
     )  # fmt: skip
     parser.add_argument("--panel", metavar="AXIS", help="throughput/hit-rate: one panel per value")
+    _add_look_options(parser)
     parser.set_defaults(func=plot_command)
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """Print the runs' summaries side by side."""
+    from experiments.compare import compare, format_table
+
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    print(format_table(compare(args.runs, keys)))
+    return 0
+
+
+def add_compare_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``kvsim compare RUN_DIR... [--keys K1,K2,...]``."""
+    parser = sub.add_parser(
+        "compare",
+        help="set the summaries of runs side by side, with differences",
+        description="A table of the runs' summary.json: a column per run (named by its "
+        "folder), a row per key, each run's difference from the first (absolute and %).",
+    )
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR",
+        help="run directories ('kvsim run --out') or sweep point folders (DIR/points/ID)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keys", metavar="K1,K2,...",
+        help="summary keys to show, in order (default: the headline latency, throughput, "
+        "hit-rate and memory keys)",
+    )  # fmt: skip
+    parser.set_defaults(func=compare_command)
 
 
 def sweep_command(args: argparse.Namespace) -> int:

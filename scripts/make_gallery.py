@@ -79,8 +79,9 @@ def workload_mix(runs: Path, img: Path, workers: int) -> None:
 def mooncake_policies(runs: Path, img: Path, workers: int) -> None:
     """Online eviction policies in the engine on the Mooncake traces: HBM prefix hit rate."""
     r = sweep("mooncake-policies.yaml", runs, workers)
+    eight = "kv.eviction=fifo|lru|lfu|arc|s3fifo|sieve|gds|length_aware"  # NOTE: 8 lines at most
     kvsim("plot", r, "--kind", "hit-rate", "--x", "engine.kv_pool_blocks", "--panel",
-          "workload.path", "--where", "kv.mode=hbm",
+          "workload.path", "--where", "kv.mode=hbm", "--where", eight,
           "--out", img / "mooncake-policies-hit-rate.png")  # fmt: skip
 
 

@@ -1,9 +1,9 @@
 """KV heat: blocks (y) over time (x), colour = accesses, colour family = the block's tier.
 
-It needs per-block access data, which the run files written today do not hold: the
-timeline has per-step totals only. The figure reads ``kv_heat.parquet`` (one row per step
-and block read: ``time_s``, ``block``, ``accesses``, ``tier``) when a run directory has
-one, and otherwise refuses rather than draw something the run did not record.
+It needs per-block access data: ``kv_heat.parquet`` (one row per step and block read:
+``time_s``, ``block``, ``accesses``, ``tier``), which a run writes with
+``engine.kv_heat: true``; without it the figure refuses and says so. Each tier's
+colourbar sits in its own cell of a row under the map, so they never overlap.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm
 
+from experiments.plots.layout import Drawn, emit, finish
 from experiments.plots.sources import DEFAULTS, PlotOptions, Source, runs
-from experiments.plots.style import plt, save, styled
+from experiments.plots.style import plt, styled
+from experiments.plots.titles import describe, joined
 from sim.errors import KvsimError
 
 HEAT_FILE = "kv_heat.parquet"
@@ -29,10 +31,9 @@ def _heat_path(run_dir: Path) -> Path:
     path = run_dir / HEAT_FILE
     if not path.is_file():
         raise KvsimError(
-            f"{run_dir}: no per-block access data; the heatmap needs {HEAT_FILE} (one row per "
-            f"step and block: {', '.join(HEAT_COLUMNS)}), and the run files hold per-step "
-            "totals only (timeline.parquet), not which block was read when or where it lived; "
-            "the simulator does not record it yet, so there is no KV heat to draw"
+            f"{run_dir}: no {HEAT_FILE}, the per-block access data the heatmap draws; a run "
+            "writes it with engine.kv_heat: true (e.g. kvsim run CONFIG --set "
+            "engine.kv_heat=true --out DIR; engine.kv_heat_interval_s bounds its size)"
         )
     return path
 
@@ -66,29 +67,35 @@ def heatmap_data(run_dir: str | Path, bins: int = BINS) -> pd.DataFrame:
     return data
 
 
-def _draw_tiers(ax: plt.Axes, data: pd.DataFrame, fig: plt.Figure) -> None:
-    """Each cell in the colours of the tier that served most of its accesses."""
-    t_edges = np.append(data.attrs["time_edges"], data.time_bin.max() + 1e-9)
-    b_values = np.arange(0, data.block_bin.max() + 1, data.attrs["block_width"])
-    width = data.attrs["block_width"]
-    b_edges = np.append(b_values, b_values[-1] + width)
+def _cells(data: pd.DataFrame) -> pd.DataFrame:
+    """The cells the map draws: each in the tier that served most of its accesses."""
     top = data.sort_values("accesses", kind="stable").drop_duplicates(
         ["time_bin", "block_bin"], keep="last"
     )
+    return top.sort_values(["time_bin", "block_bin"]).reset_index(drop=True)
+
+
+def _draw_tiers(fig: plt.Figure, ax: plt.Axes, caxes: list[plt.Axes], data: pd.DataFrame,
+                cells: pd.DataFrame) -> None:  # fmt: skip
+    """Each tier's cells in its colours, with its colourbar in its own cell below."""
+    t_edges = np.append(data.attrs["time_edges"], data.time_bin.max() + 1e-9)
+    width = data.attrs["block_width"]
+    b_values = np.arange(0, data.block_bin.max() + 1, width)
+    b_edges = np.append(b_values, b_values[-1] + width)
     norm = LogNorm(vmin=max(data.accesses[data.accesses > 0].min(), 1), vmax=data.accesses.max())
-    for tier, cmap in TIER_MAPS.items():
-        rows = top[top.tier == tier]
-        if rows.empty:
-            continue
+    tiers = [t for t in TIER_MAPS if (cells.tier == t).any()]
+    for cax, tier in zip(caxes, tiers, strict=True):
+        rows = cells[cells.tier == tier]
         grid = np.full((len(b_values), len(t_edges) - 1), np.nan)
         ti = np.searchsorted(data.attrs["time_edges"], rows.time_bin)
         bi = (rows.block_bin // width).astype(int)
         grid[bi, ti] = rows.accesses.clip(lower=1)
-        mesh = ax.pcolormesh(t_edges, b_edges, np.ma.masked_invalid(grid), cmap=cmap, norm=norm)
-        fig.colorbar(mesh, ax=ax, pad=0.01, fraction=0.04, label=f"accesses ({tier.upper()})")
+        mesh = ax.pcolormesh(t_edges, b_edges, np.ma.masked_invalid(grid), cmap=TIER_MAPS[tier],
+                             norm=norm)  # fmt: skip
+        fig.colorbar(mesh, cax=cax, orientation="horizontal", label=f"accesses ({tier.upper()})")
 
 
-def plot_heatmap(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
+def draw_heatmap(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
     """KV heat of one run: block id over time, coloured by accesses and tier."""
     found = runs(source, options)
     for run in found:
@@ -98,11 +105,22 @@ def plot_heatmap(source: Source, out: str | Path, options: PlotOptions = DEFAULT
     data = heatmap_data(found[0].path)
     if data.empty:
         raise KvsimError(f"{found[0].path}: {HEAT_FILE} has no rows")
+    cells = _cells(data)
+    tiers = cells.tier.nunique()
     with styled():
-        fig, ax = plt.subplots(figsize=(8.0, 4.2))
-        _draw_tiers(ax, data, fig)
-        ax.set(
-            xlabel="simulated time (s)", ylabel="KV block id", title=f"KV heat: {found[0].label}"
-        )
+        fig = plt.figure(figsize=(8.0, 4.6))
+        grid = fig.add_gridspec(2, tiers, height_ratios=(1.0, 0.045))
+        ax = fig.add_subplot(grid[0, :])
+        caxes = [fig.add_subplot(grid[1, i]) for i in range(tiers)]
+        _draw_tiers(fig, ax, caxes, data, cells)
+        ax.set(xlabel="simulated time (s)", ylabel="KV block id")
         ax.grid(False)
-        return save(fig, out)
+        title = joined(f"KV heat: {found[0].label}", describe([found[0].path]))
+        finish(fig, [ax], options, title)
+    table = cells.rename(columns={"time_bin": "time_s", "block_bin": "block"})
+    return Drawn(fig, [ax], table[["time_s", "block", "tier", "accesses"]])
+
+
+def plot_heatmap(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
+    """Draw :func:`draw_heatmap` into ``out``."""
+    return emit(draw_heatmap(source, options), out, options)

@@ -1,4 +1,9 @@
-"""Timeline figures, one panel per run: HBM pressure and host-link utilisation."""
+"""Timeline figures, one panel per run: HBM pressure and host-link utilisation.
+
+Where the KV is a sliver of HBM (a 70B model's weights leave a few GiB, or a light load
+fills little of a large pool), the HBM pressure panel gets a strip below it that draws the
+KV alone, to its own scale.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.plots.layout import Drawn, emit, finish
 from experiments.plots.sources import DEFAULTS, PlotOptions, Run, Source, runs
-from experiments.plots.style import GIB, color, figure_legend, panels, plt, save, styled
+from experiments.plots.style import GIB, color, panel_pairs, panels, plt, styled
+from experiments.plots.titles import describe, joined
 
 HBM_PARTS = (
     ("hbm_weights_bytes", "weights", "#4c72b0"),
@@ -17,6 +24,8 @@ HBM_PARTS = (
     ("hbm_kv_cached_bytes", "KV cached", "#a6d8a8"),
     ("hbm_staging_bytes", "staging", "#8172b3"),
 )
+KV_PARTS = HBM_PARTS[3:]  # KV running, KV cached, staging
+SLIVER = 0.15  # KV held under this share of HBM: a strip zooms on it
 LINK_PARTS = (("h2d_util", "host → device (H2D)"), ("d2h_util", "device → host (D2H)"))
 
 
@@ -45,37 +54,101 @@ def hbm_pressure_data(run_dir: str | Path) -> pd.DataFrame:
     return data
 
 
-def _hbm_panel(ax: plt.Axes, run: Run) -> None:
+def _part_name(column: str) -> str:
+    """``hbm_kv_running_bytes`` -> ``kv_running_gib``: a part's column in the figure's data."""
+    return column.removeprefix("hbm_").removesuffix("_bytes") + "_gib"
+
+
+def _hbm_table(run: Run) -> pd.DataFrame:
+    """One run's numbers as the HBM pressure figure draws them (GiB)."""
     data = hbm_pressure_data(run.path)
+    table = pd.DataFrame({"run": run.label, "time_s": data.time_s})
+    for column, _, _ in HBM_PARTS:
+        table[_part_name(column)] = data[column]
+    table["capacity_gib"] = data.capacity_gib
+    table["kv_pool_gib"] = data.kv_pool_gib
+    table["kv_pool_limit_gib"] = data.hbm_weights_bytes + data.hbm_reserve_bytes + data.kv_pool_gib
+    return table
+
+
+def _kv_use(table: pd.DataFrame) -> float:
+    """The most KV (running, cached and staging) HBM held at any step (GiB)."""
+    kv = table[[_part_name(c) for c, _, _ in KV_PARTS]].sum(axis=1)
+    return float(kv.max()) if len(table) else 0.0
+
+
+def _wants_detail(tables: list[pd.DataFrame], choice: bool | None) -> bool:
+    """The KV strip: as asked, else when the KV is a sliver of HBM in some run."""
+    if choice is not None:
+        return choice
+    return any(len(t) and _kv_use(t) < SLIVER * t.capacity_gib.iloc[0] for t in tables)
+
+
+def _kv_top(table: pd.DataFrame) -> float:
+    """The strip's range: the KV it held, and the pool too unless it is over twice that."""
+    use = _kv_use(table)
+    pool = float(table.kv_pool_gib.max()) if len(table) else 0.0
+    return use if 0 < use < pool / 2 else max(use, pool)
+
+
+def _stack(ax: plt.Axes, table: pd.DataFrame, parts: tuple[tuple[str, str, str], ...]) -> None:
     ax.stackplot(
-        data.time_s,
-        *[data[c] for c, _, _ in HBM_PARTS],
-        labels=[label for _, label, _ in HBM_PARTS],
-        colors=[c for _, _, c in HBM_PARTS],
+        table.time_s,
+        *[table[_part_name(c)] for c, _, _ in parts],
+        labels=[label for _, label, _ in parts],
+        colors=[c for _, _, c in parts],
         step="post",
         alpha=0.9,
         linewidth=0,
     )
-    capacity = data.capacity_gib.iloc[0] if len(data) else 0.0
+
+
+def _hbm_panel(ax: plt.Axes, table: pd.DataFrame, title: str) -> None:
+    _stack(ax, table, HBM_PARTS)
+    capacity = table.capacity_gib.iloc[0] if len(table) else 0.0
     ax.axhline(capacity, color="black", lw=1.2, label="HBM capacity")
-    ceiling = data.hbm_weights_bytes + data.hbm_reserve_bytes + data.kv_pool_gib
-    ax.plot(data.time_s, ceiling, color="#c44e52", lw=1, ls="--", label="KV pool limit",
-            drawstyle="steps-post")  # fmt: skip
-    ax.set(xlabel="simulated time (s)", ylabel="HBM (GiB)", title=run.label)
-    ax.set_xlim(0, max(float(data.time_s.max()), 1e-9) if len(data) else 1)
+    ax.plot(table.time_s, table.kv_pool_limit_gib, color="#c44e52", lw=1, ls="--",
+            label="KV pool limit", drawstyle="steps-post")  # fmt: skip
+    ax.set(xlabel="simulated time (s)", ylabel="HBM (GiB)", title=title)
+    ax.set_xlim(0, max(float(table.time_s.max()), 1e-9) if len(table) else 1)
     ax.set_ylim(0, max(capacity, 1e-9) * 1.08)
 
 
-def plot_hbm_pressure(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
-    """Stacked HBM use over time against capacity and the KV pool, one panel per run."""
+def _kv_strip(ax: plt.Axes, top: plt.Axes, table: pd.DataFrame) -> None:
+    """KV alone, to its own scale: legible where it is a sliver of the HBM (the pool's line
+    is off the top where the pool is over twice the KV it held)."""
+    _stack(ax, table, KV_PARTS)
+    ax.plot(table.time_s, table.kv_pool_gib, color="#c44e52", lw=1, ls=":", label="KV pool",
+            drawstyle="steps-post")  # fmt: skip
+    ax.set(xlabel=top.get_xlabel(), ylabel="KV (GiB)")
+    top.set_xlabel("")
+    ax.set_xlim(top.get_xlim())
+    ax.set_ylim(0, max(_kv_top(table), 1e-9) * 1.08)
+
+
+def draw_hbm_pressure(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
+    """Stacked HBM use over time against capacity and the KV pool, one panel per run; a
+    strip below each zooms on the KV when it is a sliver of HBM (``options.kv_detail``)."""
     found = runs(source, options)
+    tables = [_hbm_table(run) for run in found]
+    single = len(found) == 1
     with styled():
-        fig, axes = panels(len(found))
-        for ax, run in zip(axes, found, strict=True):
-            _hbm_panel(ax, run)
-        fig.tight_layout()
-        figure_legend(fig, axes)
-        return save(fig, out)
+        if _wants_detail(tables, options.kv_detail):
+            fig, axes, strips = panel_pairs(len(found))
+        else:
+            (fig, axes), strips = panels(len(found)), []
+        for i, (ax, run, table) in enumerate(zip(axes, found, tables, strict=True)):
+            _hbm_panel(ax, table, "" if single else run.label)
+            if strips:
+                _kv_strip(strips[i], ax, table)
+        about = describe(run.path for run in found)
+        finish(fig, axes, options, joined(found[0].label, about) if single else about, strips)
+    return Drawn(fig, axes, pd.concat(tables, ignore_index=True))
+
+
+def plot_hbm_pressure(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
+    """Draw :func:`draw_hbm_pressure` into ``out``."""
+    return emit(draw_hbm_pressure(source, options), out, options)
 
 
 def link_data(run_dir: str | Path) -> pd.DataFrame:
@@ -84,19 +157,33 @@ def link_data(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame({"time_s": timeline.time_s, **{c: timeline[c] for c, _ in LINK_PARTS}})
 
 
-def plot_link(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
+def _link_table(run: Run) -> pd.DataFrame:
+    """One run's link utilisation as the figure draws it (%)."""
+    data = link_data(run.path)
+    return pd.DataFrame({"run": run.label, "time_s": data.time_s,
+                         **{f"{c}_pct": data[c] * 100 for c, _ in LINK_PARTS}})  # fmt: skip
+
+
+def draw_link(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
     """H2D and D2H utilisation of the host link over time, one panel per run."""
     found = runs(source, options)
+    tables = [_link_table(run) for run in found]
+    single = len(found) == 1
     with styled():
         fig, axes = panels(len(found), height=2.4)
-        for ax, run in zip(axes, found, strict=True):
-            data = link_data(run.path)
+        for ax, run, table in zip(axes, found, tables, strict=True):
             for i, (column, label) in enumerate(LINK_PARTS):
-                ax.plot(data.time_s, data[column] * 100, color=color(i), label=label,
+                ax.plot(table.time_s, table[f"{column}_pct"], color=color(i), label=label,
                         drawstyle="steps-post", lw=1.0)  # fmt: skip
-            ax.set(xlabel="simulated time (s)", ylabel="link utilisation (%)", title=run.label)
+            ax.set(xlabel="simulated time (s)", ylabel="link utilisation (%)",
+                   title="" if single else run.label)  # fmt: skip
             ax.set_ylim(0, 105)
-            ax.set_xlim(0, max(float(data.time_s.max()), 1e-9) if len(data) else 1)
-        fig.tight_layout()
-        figure_legend(fig, axes, ncol=2)
-        return save(fig, out)
+            ax.set_xlim(0, max(float(table.time_s.max()), 1e-9) if len(table) else 1)
+        about = describe(run.path for run in found)
+        finish(fig, axes, options, joined(found[0].label, about) if single else about)
+    return Drawn(fig, axes, pd.concat(tables, ignore_index=True))
+
+
+def plot_link(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
+    """Draw :func:`draw_link` into ``out``."""
+    return emit(draw_link(source, options), out, options)

@@ -1,17 +1,17 @@
-"""Summary figures of a sweep against an axis: throughput (any metric) and hit rate.
+"""The numbers of the summary figures of a sweep: a metric against an axis, per series.
 
-A line per series (by default, each combination of the other axes that vary), a marker per
-x value at the mean over seeds, and error bars of one standard deviation over seeds.
+A series is (by default) each combination of the other axes that vary; each x value holds
+the mean over seeds and one standard deviation. ``experiments.plots.curves`` draws them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from experiments import store
+from experiments.plots.quantities import as_numbers
 from experiments.plots.sources import (
     DEFAULTS,
     PlotOptions,
@@ -22,18 +22,7 @@ from experiments.plots.sources import (
     sweep_rows,
     varying,
 )
-from experiments.plots.style import (
-    GIB,
-    MAX_LINES,
-    color,
-    figure_legend,
-    linestyle,
-    marker,
-    panels,
-    plt,
-    save,
-    styled,
-)
+from experiments.plots.style import GIB
 from experiments.sweep import format_value
 from sim.errors import KvsimError
 
@@ -46,7 +35,12 @@ NAMED = {
     "wall_time_s": ("wall time (s)", 1.0),
     "stall_s": ("stall time (s)", 1.0),
     "hit_rate": ("hit rate (%)", 100.0),
+    **{
+        f"{t}_reuse_hit_rate": (f"{t.upper()} cross-request hit rate (%)", 100.0)
+        for t in ("hbm", "dram", "ssd")
+    },
 }
+TIERS = ("hbm", "dram", "ssd")
 REPLAY_COLUMNS = ("policy", "capacity_blocks", "hit_rate")
 DATA_COLUMNS = ["panel", "series", "x", "mean", "std", "n"]
 
@@ -65,12 +59,41 @@ def metric_axis(metric: str) -> tuple[str, float]:
     return metric.replace("_", " "), 1.0
 
 
+def data_name(metric: str, scale: float) -> str:
+    """The name of a metric's column in plotted units: ``hbm_hit_rate_pct``, ``ttft_p50_ms``."""
+    if scale == 100.0:
+        return f"{metric}_pct"
+    if scale == 1e3 and metric.endswith("_s"):
+        return f"{metric[:-2]}_ms"
+    if scale == 1 / GIB and metric.endswith("_bytes"):
+        return f"{metric[:-6]}_gib"
+    return metric
+
+
+def hit_metric(frame: pd.DataFrame, metric: str | None) -> str:
+    """The hit-rate figure to draw: ``--metric TIER`` (default ``hbm``) is the tier's
+    cross-request rate (``TIER_reuse_hit_rate``) where every point has it, else (results
+    written before it existed) ``TIER_hit_rate``; any other name is taken as it is."""
+    tier = metric or "hbm"
+    if tier not in TIERS:
+        return tier
+    reuse = f"{tier}_reuse_hit_rate"
+    if reuse in frame.columns and frame[reuse].notna().all():
+        return reuse
+    return f"{tier}_hit_rate"
+
+
+def _is_numeric(frame: pd.DataFrame, axis: str) -> bool:
+    """Numbers, or quantities with units (``32GB/s``)."""
+    return pd.api.types.is_numeric_dtype(frame[axis]) or as_numbers(list(frame[axis])) is not None
+
+
 def _default_x(frame: pd.DataFrame, moving: list[str], kind: str) -> str:
     if kind == "hit-rate":
         for axis in moving:
             if "capacity" in axis or "pool_blocks" in axis:
                 return axis
-    numeric = [a for a in moving if pd.api.types.is_numeric_dtype(frame[a])]
+    numeric = [a for a in moving if _is_numeric(frame, a)]
     if not numeric and not moving:
         raise KvsimError("no axis varies among the points to plot; nothing to put on x")
     return (numeric or moving)[0]
@@ -140,10 +163,17 @@ def sweep_metric_data(
     """Per panel, series and x value: mean, std and count over seeds of the metric (SI units)."""
     path = one_sweep(source, kind)
     frame = sweep_rows(path, options)
-    default = "hbm_hit_rate" if kind == "hit-rate" else "output_tokens_per_s"
+    if kind == "hit-rate":
+        metric = hit_metric(frame, options.metric)
+    else:
+        metric = options.metric or "output_tokens_per_s"
     labelled, x = _series(frame, options, kind)
-    data = _aggregate(labelled, x, options.metric or default)
-    data.attrs.update(x=x, metric=options.metric or default)
+    numbers = as_numbers(list(labelled[x]))
+    if numbers is not None:  # NOTE: a unit-valued axis (32GB/s) drawn as numbers
+        labelled[x] = numbers[0]
+    data = _aggregate(labelled, x, metric)
+    runs = [store.run_dir(path, p) for p in dict.fromkeys(labelled.point_id)]
+    data.attrs.update(x=x, x_unit=numbers[1] if numbers else "", metric=metric, runs=runs)
     return data
 
 
@@ -173,63 +203,8 @@ def _replay_data(path: Path) -> pd.DataFrame:
         )
     table = table.assign(_panel="", _series=table.policy.astype(str))
     data = _aggregate(table, "capacity_blocks", "hit_rate")
-    data.attrs.update(x="capacity (blocks)", metric="hit_rate")
+    data.attrs.update(
+        x="capacity_blocks", x_label="capacity (blocks)", metric="hit_rate",
+        title=f"kvsim replay: {path.name}",
+    )  # fmt: skip
     return data
-
-
-def _draw(data: pd.DataFrame, out: str | Path, ylabel: str, scale: float) -> Path:
-    """One panel per panel label, one errorbar line per series."""
-    series = list(dict.fromkeys(data.series))
-    if len(series) > MAX_LINES:
-        raise KvsimError(
-            f"{len(series)} lines is more than {MAX_LINES}; fix some axes (--where KEY=VALUE) "
-            "or split them into panels (--panel AXIS)"
-        )
-    numeric = pd.api.types.is_numeric_dtype(data.x)
-    ticks = list(dict.fromkeys(data.x.map(format_value)))
-    with styled():
-        names = list(dict.fromkeys(data.panel))
-        fig, axes = panels(len(names), width=4.2, height=3.0)
-        for ax, name in zip(axes, names, strict=True):
-            for i, label in enumerate(series):
-                rows = data[(data.panel == name) & (data.series == label)]
-                xs = rows.x if numeric else rows.x.map(format_value).map(ticks.index)
-                ax.errorbar(xs, rows["mean"] * scale, yerr=rows["std"] * scale, color=color(i),
-                            marker=marker(i), ls=linestyle(i), ms=4, capsize=2.5,
-                            label=label or "all")  # fmt: skip
-            _x_axis(ax, data, numeric, ticks)
-            ax.set(ylabel=ylabel, title=name)
-            ax.set_ylim(bottom=0)
-        fig.tight_layout()
-        if len(names) > 1 and (len(series) > 1 or series[0]):
-            figure_legend(fig, axes, ncol=min(len(series), 3))
-        elif len(series) > 1 or series[0]:
-            axes[0].legend(loc="best", frameon=False)
-        return save(fig, out)
-
-
-def _x_axis(ax: plt.Axes, data: pd.DataFrame, numeric: bool, ticks: Sequence[str]) -> None:
-    ax.set_xlabel(str(data.attrs.get("x", "")))
-    if not numeric:
-        ax.set_xticks(range(len(ticks)), ticks, rotation=20 if len(ticks) > 4 else 0)
-        return
-    values = np.asarray(data.x, dtype=float)
-    if values.min() > 0 and values.max() / values.min() >= 8:
-        ax.set_xscale("log", base=2 if np.allclose(np.log2(values) % 1, 0) else 10)
-        if len(ticks) <= 12:
-            ax.set_xticks(
-                sorted(set(values.tolist())), [format_value(v) for v in sorted(set(data.x))]
-            )
-            ax.minorticks_off()
-
-
-def plot_throughput(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
-    """A summary metric (default output tokens/s) against an axis, error bars over seeds."""
-    data = throughput_data(source, options)
-    return _draw(data, out, *metric_axis(data.attrs["metric"]))
-
-
-def plot_hit_rate(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
-    """Hit rate against capacity, one line per policy (a sweep, or a replay CSV)."""
-    data = hit_rate_data(source, options)
-    return _draw(data, out, *metric_axis(data.attrs["metric"]))

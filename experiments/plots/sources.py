@@ -17,15 +17,34 @@ from sim.errors import KvsimError
 Source = str | Path | Sequence[str | Path]
 
 
+Limits = tuple[float | None, float | None]
+
+
 @dataclass(frozen=True)
 class PlotOptions:
-    """Choices for plots of sweeps: filters, the x axis, the metric, series and panels."""
+    """Choices for a figure: what to draw (filters, x, metric, series, panels) and how.
+
+    ``None`` leaves a choice to the figure: its default title and labels, automatic limits,
+    a log axis where the values span a wide range, the legend outside the panels when it
+    would crowd them, the KV detail strip of ``hbm-pressure`` when KV is a sliver of HBM.
+    ``data_out`` is a CSV file that receives the numbers the figure draws.
+    """
 
     where: tuple[str, ...] = ()
     x: str | None = None
     metric: str | None = None
     hue: tuple[str, ...] | None = None
     panel: str | None = None
+    title: str | None = None
+    xlabel: str | None = None
+    ylabel: str | None = None
+    xlim: Limits | None = None
+    ylim: Limits | None = None
+    legend: str | None = None
+    logx: bool | None = None
+    logy: bool | None = None
+    kv_detail: bool | None = None
+    data_out: Path | None = None
 
 
 DEFAULTS = PlotOptions()
@@ -59,14 +78,19 @@ def is_run(path: Path) -> bool:
 
 
 def filter_rows(frame: pd.DataFrame, where: Sequence[str], name: str) -> pd.DataFrame:
-    """Rows of a results table matching every ``KEY=VALUE`` (compared as text)."""
+    """Rows of a results table matching every ``KEY=VALUE`` (compared as text).
+
+    ``KEY=V1|V2|...`` keeps the rows whose value is any of the alternatives.
+    """
     for text in where:
-        path, value = parse_override(text)
+        path, _ = parse_override(text)
         key = ".".join(path)
         if key not in frame.columns:
             axes = ", ".join([*frame.attrs.get("axes", []), "seed"])
             raise KvsimError(f"--where {text}: {name} has no column {key!r}; axes: {axes}")
-        frame = frame[frame[key].map(format_value) == format_value(value)]
+        raw = text.partition("=")[2]
+        wanted = {format_value(parse_override(f"{key}={alt}")[1]) for alt in raw.split("|")}
+        frame = frame[frame[key].map(format_value).isin(wanted)]
         if frame.empty:
             raise KvsimError(f"--where {text}: no point of {name} matches")
     return frame

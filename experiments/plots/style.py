@@ -19,8 +19,8 @@ from sim.errors import KvsimError
 
 FORMATS = (".png", ".pdf", ".svg")
 PNG_DPI = 300
-MAX_PANELS = 12
-MAX_LINES = 12
+MAX_PANELS = 9  # a 3 x 3 grid
+MAX_LINES = 8  # one colour of PALETTE each: no colour is repeated within a figure
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies, and in greyscale.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -50,6 +50,16 @@ def styled() -> Iterator[None]:
         yield
 
 
+def check_lines(n: int, what: str = "lines") -> None:
+    """Refuse more series than :data:`MAX_LINES` distinguishable ones."""
+    if n > MAX_LINES:
+        raise KvsimError(
+            f"{n} {what} is more than the {MAX_LINES} a figure keeps distinguishable (one "
+            "colour each); keep fewer with --where KEY=V1|V2|..., fix an axis with --where "
+            "KEY=VALUE, or split them into panels with --panel AXIS"
+        )
+
+
 def color(i: int) -> str:
     """The i-th series colour."""
     return PALETTE[i % len(PALETTE)]
@@ -73,19 +83,45 @@ def check_out(out: str | Path) -> Path:
     return out
 
 
-def panels(n: int, width: float = 4.2, height: float = 2.8) -> tuple[Figure, list[Axes]]:
-    """A figure with ``n`` panels in up to three columns (cell size in inches)."""
+def _grid(n: int) -> tuple[int, int]:
+    """(rows, columns) for ``n`` panels in up to three columns; refuses too many."""
     if n > MAX_PANELS:
         raise KvsimError(
             f"{n} panels is more than {MAX_PANELS}; choose fewer runs (--where KEY=VALUE)"
         )
     cols = min(n, 3 if n > 4 else 2) if n > 1 else 1
-    rows = math.ceil(n / cols)
+    return math.ceil(n / cols), cols
+
+
+def panels(n: int, width: float = 4.2, height: float = 2.8) -> tuple[Figure, list[Axes]]:
+    """A figure with ``n`` panels in up to three columns (cell size in inches)."""
+    rows, cols = _grid(n)
     fig, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     axes = list(grid.flat)
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, axes[:n]
+
+
+def panel_pairs(
+    n: int, width: float = 4.2, height: float = 2.8, strip: float = 0.45
+) -> tuple[Figure, list[Axes], list[Axes]]:
+    """Like :func:`panels`, each panel with a strip below it (``strip`` of its height) that
+    shares its x axis: (figure, main panels, strips)."""
+    rows, cols = _grid(n)
+    fig, grid = plt.subplots(
+        2 * rows, cols, figsize=(width * cols, height * (1 + strip) * rows), squeeze=False,
+        gridspec_kw={"height_ratios": [1.0, strip] * rows},
+    )  # fmt: skip
+    cells = [(grid[2 * (i // cols), i % cols], grid[2 * (i // cols) + 1, i % cols])
+             for i in range(rows * cols)]  # fmt: skip
+    for top, bottom in cells[n:]:
+        top.set_visible(False)
+        bottom.set_visible(False)
+    for top, bottom in cells[:n]:
+        bottom.sharex(top)
+        top.tick_params(labelbottom=False)
+    return fig, [top for top, _ in cells[:n]], [bottom for _, bottom in cells[:n]]
 
 
 def save(fig: Figure, out: str | Path) -> Path:
@@ -98,7 +134,8 @@ def save(fig: Figure, out: str | Path) -> Path:
 
 
 def figure_legend(fig: Figure, axes: list[Axes], ncol: int = 4) -> None:
-    """One legend for all panels, above them (labels taken from the first panel)."""
+    """One legend for all panels, above them (labels taken from the first panel; the
+    gallery script's; ``kvsim plot`` places its legends with :mod:`experiments.plots.layout`)."""
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol,
                frameon=False)  # fmt: skip
