@@ -24,6 +24,7 @@ from experiments.plots.memory import (
     plot_link,
 )
 from experiments.plots.metrics import hit_rate_data, throughput_data
+from experiments.plots.overlay import draw_hit_rate_overlay, plot_hit_rate_overlay
 from experiments.plots.sources import PlotOptions, Source
 from experiments.plots.style import GIB, MAX_LINES, MAX_PANELS
 
@@ -37,6 +38,7 @@ PLOTS: dict[str, Plot] = {
     "hit-rate": plot_hit_rate,
     "link": plot_link,
     "heatmap": plot_heatmap,
+    "hit-rate-overlay": plot_hit_rate_overlay,
 }
 DRAWS: dict[str, Draw] = {
     "hbm-pressure": draw_hbm_pressure,
@@ -45,6 +47,7 @@ DRAWS: dict[str, Draw] = {
     "hit-rate": draw_hit_rate,
     "link": draw_link,
     "heatmap": draw_heatmap,
+    "hit-rate-overlay": draw_hit_rate_overlay,
 }
 
 __all__ = [

@@ -124,6 +124,12 @@ def _legend(fig: Figure, axes: Sequence[Axes], every: Sequence[Axes], choice: st
         axes[0].legend(handles, labels, loc=cast(Any, choice), frameon=False)  # NOTE: checked
 
 
+def axis_options(ax: Axes, options: PlotOptions) -> None:
+    """The reader's labels, limits and log scales on one panel."""
+    _x_options(ax, options)
+    _y_options(ax, options)
+
+
 def finish(
     fig: Figure,
     axes: Sequence[Axes],

@@ -21,8 +21,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from experiments import store
+from experiments.plots.layout import Drawn, axis_options, emit
 from experiments.plots.sources import DEFAULTS, PlotOptions, Source, as_paths, sweep_rows
-from experiments.plots.style import color, marker, panels, plt, save, styled
+from experiments.plots.style import color, marker, panels, plt, styled
 from experiments.sweep import format_value
 from sim.config.loader import load_config
 from sim.errors import KvsimError
@@ -148,13 +149,22 @@ def _axes(ax: plt.Axes, xs: np.ndarray, xlabel: str, title: str) -> None:
 
 
 def plot_hit_rate_overlay(source: Source, out: str | Path, options: PlotOptions = DEFAULTS) -> Path:
-    """``kvsim plot SWEEP_DIR REPLAY.csv --kind hit-rate-overlay`` (:func:`overlay_figure`)."""
-    figure = overlay_figure(source, options)
-    with styled():  # NOTE: the house style's tight bounding box keeps the legend beside the axes
-        return save(figure, out)
+    """``kvsim plot SWEEP_DIR REPLAY.csv --kind hit-rate-overlay`` (and ``--data-out``)."""
+    return emit(draw_hit_rate_overlay(source, options), out, options)
 
 
-def overlay_figure(source: Source, options: PlotOptions = DEFAULTS) -> Figure:
+def draw_hit_rate_overlay(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
+    """:func:`overlay_figure` with the reader's title, labels, limits and scales; its data
+    is :func:`overlay_data`'s table."""
+    fig, data = overlay_figure(source, options)
+    ax = fig.axes[0]
+    axis_options(ax, options)
+    if options.title is not None:
+        ax.set_title(options.title)
+    return Drawn(fig, [ax], data)
+
+
+def overlay_figure(source: Source, options: PlotOptions = DEFAULTS) -> tuple[Figure, pd.DataFrame]:
     """The sweep's hit rate (``--metric``, default hbm_hit_rate) against ``--x`` (default
     engine.kv_pool_blocks) with the replay's curves, checked to count the same requests in
     the same blocks; the title names the model, the hardware and the KV mode."""
@@ -172,7 +182,7 @@ def overlay_figure(source: Source, options: PlotOptions = DEFAULTS) -> Figure:
         f"{config.model.name} on {config.hardware.name}, kv.mode={config.kv.mode}: first "
         f"{int(replay.requests.iloc[0]):,} requests, {config.engine.block_tokens}-token blocks"
     )
-    return draw_overlay(data, title=title, xlabel=f"KV pool ({x}, blocks)")
+    return draw_overlay(data, title=title, xlabel=f"KV pool ({x}, blocks)"), data
 
 
 def _two_sources(source: Source) -> tuple[Path, Path]:

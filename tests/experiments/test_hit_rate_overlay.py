@@ -129,7 +129,7 @@ def test_the_figure_draws_the_sweep_results_and_the_replay_csv(overlay_files, tm
     out, csv, _ = overlay_files
     results = experiments.load(out)
     table = pd.read_csv(csv)
-    fig = overlay_figure([out, csv])
+    fig, _ = overlay_figure([out, csv])
     drawn = lines(fig)
     title = fig.axes[0].get_title()
     plt.close(fig)
@@ -143,6 +143,12 @@ def test_the_figure_draws_the_sweep_results_and_the_replay_csv(overlay_files, tm
     assert title == ("llama-3-8b on h100-sxm, kv.mode=hbm: first 20 requests, 16-token blocks")
     written = plot_hit_rate_overlay([csv, out], tmp_path / "overlay.png", PlotOptions())
     assert written.read_bytes()[:4] == PNG
+    # --data-out writes the table the lines draw (rates as fractions, one row a point)
+    data_out = tmp_path / "overlay.csv"
+    plot_hit_rate_overlay([out, csv], tmp_path / "o2.png", PlotOptions(data_out=data_out))
+    written_data = pd.read_csv(data_out)
+    engine_lru = written_data[(written_data.source == "engine") & (written_data.series == "lru")]
+    assert (engine_lru["mean"] * 100).tolist() == pytest.approx(drawn["engine:lru"][1])
 
 
 def test_the_replay_must_count_the_sweeps_requests_in_its_blocks(overlay_files, tmp_path):
