@@ -20,7 +20,8 @@
 # the HBM pressure curve. It is the README's first command, step by step.
 #
 # Open it with `jupytext --to notebook notebooks/01-quickstart.py` (or the jupytext
-# Jupyter extension); run it from any folder: it writes `runs/` in the working directory.
+# Jupyter extension); run it from any folder: it writes its run directory
+# `runs/01-quickstart/` in the working directory (replaced on each run), and nothing else.
 
 # %%
 from importlib.resources import files
@@ -42,14 +43,15 @@ print((CONFIGS / "quickstart.yaml").read_text())
 # `load_config` reads the YAML, fills in the model and hardware profiles and validates every
 # key (a typo is one clear error); `--set`-style overrides go in the second argument.
 # `simulate` runs the engine and returns the tables; `write_run` writes the run directory,
-# exactly what `kvsim run experiments/configs/quickstart.yaml --out runs/quickstart` does.
+# exactly what `kvsim run experiments/configs/quickstart.yaml --out runs/01-quickstart` does
+# (with `--force` the second time: `kvsim run` refuses to overwrite a folder unasked).
 
 # %%
 config = load_config(CONFIGS / "quickstart.yaml")
 block_mib = config.block_bytes / 2**20
 print(f"{config.model.name} on {config.hardware.name}: KV block = {block_mib:.0f} MiB")
 result = simulate(config)
-run = write_run(result, Path("runs/quickstart"))
+run = write_run(result, Path("runs/01-quickstart"))
 sorted(p.name for p in run.iterdir())
 
 # %% [markdown]
@@ -116,7 +118,7 @@ ax.legend(fontsize=7, loc="lower right", ncol=2)
 fig.tight_layout()
 
 # %% [markdown]
-# The same figure, drawn by the plotting package (`kvsim plot runs/quickstart --kind
+# The same figure, drawn by the plotting package (`kvsim plot runs/01-quickstart --kind
 # hbm-pressure`):
 
 # %%

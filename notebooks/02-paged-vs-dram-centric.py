@@ -25,8 +25,12 @@
 # gen5, NVLink-C2C)? Llama-2-7B (no grouped-query attention: 512 KiB of KV per token) on
 # one H100 SXM, closed batches of 8K-token prompts. The full study is
 # `kvsim sweep experiments/configs/seed-study.yaml` (540 points, docs/experiments.md).
+#
+# Its sweep files and results go to `runs/02-paged-vs-dram-centric/` in the working
+# directory, made afresh on each run; it writes nothing else.
 
 # %%
+import shutil
 from importlib.resources import files
 from pathlib import Path
 
@@ -40,6 +44,9 @@ from experiments.tasks import Limits
 
 QUICKSTART = Path(str(files("experiments") / "configs" / "quickstart.yaml"))
 GiB = 2**30
+HERE = Path("runs/02-paged-vs-dram-centric")  # this notebook's folder, made afresh
+shutil.rmtree(HERE, ignore_errors=True)
+HERE.mkdir(parents=True)
 
 # %% [markdown]
 # ## Where PagedAttention runs out of HBM
@@ -69,10 +76,12 @@ base = {
         },
     },
 }
-Path("batch.yaml").write_text(
+(HERE / "batch.yaml").write_text(
     yaml.safe_dump({**base, "grid": {"workload.num_requests": [1, 4, 8, 16, 32]}, **VARIANTS})
 )
-batch = run_sweep(load_sweep("batch.yaml"), "runs/batch", Limits(workers=2), progress=False)
+batch = run_sweep(
+    load_sweep(HERE / "batch.yaml"), HERE / "batch", Limits(workers=2), progress=False
+)
 
 
 def variant(frame):
@@ -104,7 +113,7 @@ from experiments.plots import hbm_pressure_data
 b32 = batch[batch["workload.num_requests"] == 32]
 fig, axes = plt.subplots(1, 3, figsize=(10, 2.8), sharey=True)
 for ax, (_, row) in zip(axes, b32.iterrows(), strict=True):
-    data = hbm_pressure_data(Path("runs/batch/points") / row.point_id)
+    data = hbm_pressure_data(HERE / "batch" / "points" / row.point_id)
     parts = [
         "hbm_weights_bytes",
         "hbm_reserve_bytes",
@@ -147,7 +156,7 @@ b32.set_index("variant")[
 
 # %%
 LINKS = [25e9, 55e9, 110e9, 220e9, 340e9, 680e9, 1360e9]
-Path("link.yaml").write_text(
+(HERE / "link.yaml").write_text(
     yaml.safe_dump(
         {
             **base,
@@ -157,7 +166,7 @@ Path("link.yaml").write_text(
         }
     )
 )
-link = run_sweep(load_sweep("link.yaml"), "runs/link", Limits(workers=2), progress=False)
+link = run_sweep(load_sweep(HERE / "link.yaml"), HERE / "link", Limits(workers=2), progress=False)
 link["variant"] = variant(link)
 table = link.pivot(index="hardware.link.h2d", columns="variant", values="output_tokens_per_s")
 table.index = [f"{bw / 1e9:g} GB/s" for bw in table.index]

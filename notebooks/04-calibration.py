@@ -22,11 +22,15 @@
 # ([docs/validation.md](../docs/validation.md), which also has the H100/A100 fits to
 # published operator tables).
 #
-# Needs the validation extra (`pip install -e '.[validation]'`, torch CPU build).
+# Needs the validation extra (`pip install -e '.[validation]'`, torch CPU build). Without
+# torch the notebook says so, shows the placeholder profile and skips what measures. It
+# writes its profile and reports to `runs/04-calibration/` in the working directory, made
+# afresh on each run, and nothing else.
 
 # %%
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -38,6 +42,22 @@ from sim.cli import main
 from sim.config import load_hardware
 from sim.config.hardware import HardwareSpec
 from sim.cost.roofline import CostParams, gemm_seconds
+
+try:
+    import torch  # noqa: F401  (what kvsim calibrate and kvsim validate measure with)
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+SKIPPED = "skipped: torch is not installed"
+if not HAVE_TORCH:
+    print(
+        "torch is not installed, so this notebook skips calibrating and validating and shows "
+        "the placeholder profile only; pip install -e '.[validation]' installs it"
+    )
+HERE = Path("runs/04-calibration")  # this notebook's folder, made afresh
+shutil.rmtree(HERE, ignore_errors=True)
+HERE.mkdir(parents=True)
 
 
 def kvsim(command: str) -> None:
@@ -55,15 +75,14 @@ def kvsim(command: str) -> None:
 # and fitted `efficiency` section and a header recording how it was made).
 
 # %%
-kvsim("calibrate --device cpu --quick --out cpu-calibrated.yaml")
-calibrated = HardwareSpec.model_validate(yaml.safe_load(Path("cpu-calibrated.yaml").read_text()))
 base = load_hardware("cpu-host")
-pd.DataFrame(
-    {
-        "cpu-host (placeholder)": base.efficiency.model_dump(exclude={"kernels"}),
-        "calibrated": calibrated.efficiency.model_dump(exclude={"kernels"}),
-    }
-)
+efficiency = {"cpu-host (placeholder)": base.efficiency.model_dump(exclude={"kernels"})}
+if HAVE_TORCH:
+    kvsim(f"calibrate --device cpu --quick --out {HERE}/cpu-calibrated.yaml")
+    text = (HERE / "cpu-calibrated.yaml").read_text()
+    calibrated = HardwareSpec.model_validate(yaml.safe_load(text))
+    efficiency["calibrated"] = calibrated.efficiency.model_dump(exclude={"kernels"})
+pd.DataFrame(efficiency)
 
 # %% [markdown]
 # ## 2. The fit against the measurements
@@ -73,31 +92,35 @@ pd.DataFrame(
 # against each measured time, by projection.
 
 # %%
-raw = pd.read_csv("cpu-calibrated.measurements.csv")
-gemms = raw[raw.kind == "gemm"].copy()
-params = CostParams.from_hardware(calibrated)
-dtype_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[gemms.dtype.iloc[0]]
-gemms["predicted_s"] = [
-    gemm_seconds(params, t, i, o, dtype_bytes)
-    for t, i, o in zip(gemms.tokens, gemms.fan_in, gemms.fan_out, strict=True)
-]
-gemms["error"] = (gemms.predicted_s / gemms.time_s - 1).abs()
-print(f"GEMM time error: median {gemms.error.median():.1%}, p90 {gemms.error.quantile(0.9):.1%}")
+if HAVE_TORCH:
+    raw = pd.read_csv(HERE / "cpu-calibrated.measurements.csv")
+    gemms = raw[raw.kind == "gemm"].copy()
+    params = CostParams.from_hardware(calibrated)
+    dtype_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[gemms.dtype.iloc[0]]
+    gemms["predicted_s"] = [
+        gemm_seconds(params, t, i, o, dtype_bytes)
+        for t, i, o in zip(gemms.tokens, gemms.fan_in, gemms.fan_out, strict=True)
+    ]
+    gemms["error"] = (gemms.predicted_s / gemms.time_s - 1).abs()
+    median, p90 = gemms.error.median(), gemms.error.quantile(0.9)
+    print(f"GEMM time error: median {median:.1%}, p90 {p90:.1%}")
 
-fig, ax = plt.subplots(figsize=(5.5, 3.4))
-for op, rows in gemms.groupby("op"):
-    rows = rows.sort_values("tokens")
-    (line,) = ax.plot(rows.tokens, rows.predicted_s * 1e3, lw=1)
-    ax.scatter(rows.tokens, rows.time_s * 1e3, s=10, color=line.get_color(), label=op)
-ax.set(
-    xscale="log",
-    yscale="log",
-    xlabel="tokens",
-    ylabel="time (ms)",
-    title="GEMMs: measured (dots) and fitted (lines)",
-)
-ax.legend(fontsize=7)
-fig.tight_layout()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for op, rows in gemms.groupby("op"):
+        rows = rows.sort_values("tokens")
+        (line,) = ax.plot(rows.tokens, rows.predicted_s * 1e3, lw=1)
+        ax.scatter(rows.tokens, rows.time_s * 1e3, s=10, color=line.get_color(), label=op)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="tokens",
+        ylabel="time (ms)",
+        title="GEMMs: measured (dots) and fitted (lines)",
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+else:
+    print(SKIPPED)
 
 # %% [markdown]
 # ## 3. Measured engine against simulated engine
@@ -109,28 +132,32 @@ fig.tight_layout()
 # `hbm` and `dram_centric` three times each.
 
 # %%
-kvsim(
-    "validate --device cpu --profile cpu-calibrated.yaml --quick --modes hbm --repeats 1 --out val"
-)
-report = json.loads(Path("val/report.json").read_text())
-pd.DataFrame(
-    {
-        "calibrated": {k: report[k] for k in ("step_mape", "e2e_error")},
-        "cpu-host baseline": {k: report["baseline"][k] for k in ("step_mape", "e2e_error")},
-    }
-).style.format("{:.1%}")
+if HAVE_TORCH:
+    kvsim(
+        f"validate --device cpu --profile {HERE}/cpu-calibrated.yaml --quick --modes hbm "
+        f"--repeats 1 --out {HERE}/val"
+    )
+    report = json.loads((HERE / "val" / "report.json").read_text())
+    errors = pd.DataFrame(
+        {
+            "calibrated": {k: report[k] for k in ("step_mape", "e2e_error")},
+            "cpu-host baseline": {k: report["baseline"][k] for k in ("step_mape", "e2e_error")},
+        }
+    )
+errors.style.format("{:.1%}") if HAVE_TORCH else SKIPPED
 
 # %%
-steps = pd.read_csv("val/steps.csv")
-fig, ax = plt.subplots(figsize=(7, 3))
-x = np.arange(len(steps))
-ax.plot(x, steps.step_s * 1e3, "k.-", lw=1, label="measured (mini-engine)")
-ax.plot(x, steps.simulated_s * 1e3, ".-", lw=1, label="simulated, calibrated")
-ax.plot(x, steps.baseline_s * 1e3, ".:", lw=1, label="simulated, cpu-host")
-ax.set(xlabel="step", ylabel="step time (ms)", yscale="log")
-ax.legend(fontsize=7)
-fig.tight_layout()
-pd.DataFrame(report["by_kind"]).T
+if HAVE_TORCH:
+    steps = pd.read_csv(HERE / "val" / "steps.csv")
+    fig, ax = plt.subplots(figsize=(7, 3))
+    x = np.arange(len(steps))
+    ax.plot(x, steps.step_s * 1e3, "k.-", lw=1, label="measured (mini-engine)")
+    ax.plot(x, steps.simulated_s * 1e3, ".-", lw=1, label="simulated, calibrated")
+    ax.plot(x, steps.baseline_s * 1e3, ".:", lw=1, label="simulated, cpu-host")
+    ax.set(xlabel="step", ylabel="step time (ms)", yscale="log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+pd.DataFrame(report["by_kind"]).T if HAVE_TORCH else SKIPPED
 
 # %% [markdown]
 # The calibrated profile tracks the measured steps; the placeholder profile, whose

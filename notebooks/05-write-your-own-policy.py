@@ -19,7 +19,8 @@
 # segmented LRU (SLRU: new blocks enter a *probation* segment, a hit promotes them to a
 # *protected* one, victims come from probation first), checks it against a plainly
 # written reference, registers it, replays it beside LRU, and runs it in the engine
-# through a sweep.
+# through a sweep. Its sweep file and results go to `runs/05-write-your-own-policy/` in the
+# working directory, made afresh on each run; it writes nothing else.
 
 # %%
 from collections import OrderedDict
@@ -33,7 +34,7 @@ import yaml
 
 from policies import AccessTrace, EvictionPolicy, Pool, register
 from policies.base import fraction, param_table, pinned_predicate
-from policies.registry import make_eviction
+from policies.registry import eviction_names, make_eviction
 
 # %% [markdown]
 # ## The policy
@@ -141,7 +142,8 @@ print("SLRU matches the reference on 200 random sequences")
 # `kv.eviction: "my_policies:SLRU"`, `kvsim replay TRACE --policies my_policies:SLRU`.)
 
 # %%
-register(SLRU)
+if "slru" not in eviction_names():  # run again in the same kernel: registered already
+    register(SLRU)
 make_eviction({"name": "slru", "protected_fraction": 0.5}, capacity=100).limit
 
 # %% [markdown]
@@ -186,6 +188,7 @@ hits.pivot(index="policy", columns="capacity_blocks", values="hit_rate").round(3
 # (`workers=1`), where `slru` is registered.
 
 # %%
+import shutil
 from importlib.resources import files
 
 from experiments.runner import run_sweep
@@ -193,6 +196,9 @@ from experiments.sweep import load_sweep
 from experiments.tasks import Limits
 
 quickstart = Path(str(files("experiments") / "configs" / "quickstart.yaml"))
+HERE = Path("runs/05-write-your-own-policy")  # this notebook's folder, made afresh
+shutil.rmtree(HERE, ignore_errors=True)
+HERE.mkdir(parents=True)
 sweep = {
     "base": str(quickstart),
     "set": {
@@ -205,8 +211,10 @@ sweep = {
     },
     "grid": {"kv.eviction": ["lru", "slru"], "engine.kv_pool_blocks": [2000, 4000, 8000]},
 }
-Path("slru-sweep.yaml").write_text(yaml.safe_dump(sweep))
-results = run_sweep(load_sweep("slru-sweep.yaml"), "runs/slru", Limits(workers=1), progress=False)
+(HERE / "slru-sweep.yaml").write_text(yaml.safe_dump(sweep))
+results = run_sweep(
+    load_sweep(HERE / "slru-sweep.yaml"), HERE / "slru", Limits(workers=1), progress=False
+)
 results.pivot(
     index="engine.kv_pool_blocks", columns="kv.eviction", values=["hbm_hit_rate", "ttft_p50_s"]
 ).round(3)
@@ -220,7 +228,8 @@ ax.legend()
 fig.tight_layout()
 
 # %% [markdown]
-# The same figure from the command line: `kvsim plot runs/slru --kind hit-rate
-# --x engine.kv_pool_blocks`. In the engine, blocks in use by running requests are pinned
-# (never proposed as victims) and a request frees its blocks tail first, so a prefix
-# policy sees a different stream than the replay: both views are worth having.
+# The same figure from the command line: `kvsim plot runs/05-write-your-own-policy/slru
+# --kind hit-rate --x engine.kv_pool_blocks`. In the engine, blocks in use by running
+# requests are pinned (never proposed as victims) and a request frees its blocks tail
+# first, so a prefix policy sees a different stream than the replay: both views are worth
+# having.

@@ -4,6 +4,7 @@ the config asks for, run, and gather what a run directory holds (``sim.rundir`` 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +12,16 @@ import pandas as pd
 
 from sim.cluster.cluster import Cluster
 from sim.config.run import RunConfig
+from sim.instance.events import StepObserver
+from sim.instance.instance import Instance
 from sim.memory.hbm_plan import HbmPlan
 from sim.observe.heatlog import HeatLog
 from sim.observe.invariants import Invariants
 from sim.observe.metrics import request_frame, summarize, tier_summary
 from sim.workload import build_requests
 from sim.workload.requests import Requests
+
+ObserverFactory = Callable[[Instance], StepObserver]  # builds an extra observer of the instance
 
 
 @dataclass(frozen=True)
@@ -32,22 +37,29 @@ class RunResult:
 
 
 def simulate(
-    config: RunConfig, requests: Requests | None = None, base_dir: Path = Path(".")
+    config: RunConfig,
+    requests: Requests | None = None,
+    base_dir: Path = Path("."),
+    observers: Sequence[ObserverFactory] = (),
 ) -> RunResult:
-    """Build the workload (unless given; trace paths resolve against ``base_dir``) and run."""
+    """Build the workload (unless given; trace paths resolve against ``base_dir``) and run;
+    ``observers`` build extra observers of the instance's steps (a progress bar)."""
     if requests is None:
         requests = build_requests(
             config.workload, config.seed, base_dir, config.engine.block_tokens
         )
-    return Simulation(config, requests).run()
+    return Simulation(config, requests, observers).run()
 
 
 class Simulation:
     """A cluster of one instance with its observers: the heat log (``engine.kv_heat``) and
-    the invariants (``engine.check``), subscribed before the run. Its instance's parts are
-    at hand (``kv``, ``scheduler``, ...) for scripts and tests that look inside a run."""
+    the invariants (``engine.check``), and any the caller's ``observers`` build, subscribed
+    before the run. Its instance's parts are at hand (``kv``, ``scheduler``, ...) for
+    scripts and tests that look inside a run."""
 
-    def __init__(self, config: RunConfig, requests: Requests):
+    def __init__(
+        self, config: RunConfig, requests: Requests, observers: Sequence[ObserverFactory] = ()
+    ):
         self.cluster = cluster = Cluster(config, requests)
         self.config, self.instance = config, cluster.instance
         self.env, self.fabric = cluster.fabric.env, cluster.fabric
@@ -61,6 +73,7 @@ class Simulation:
         self.checks = Invariants(instance, cluster.fabric) if engine.check else None
         if self.checks is not None:
             instance.observers.append(self.checks)
+        instance.observers.extend(build(instance) for build in observers)
 
     def run(self) -> RunResult:
         """Simulate until every request has finished or been rejected."""

@@ -153,7 +153,7 @@ def test_cli_check_flag_reports_a_violation_with_exit_3(tmp_path, capsys, monkey
     out = tmp_path / "out"
     assert main(["run", str(path), "--out", str(out)]) == 0  # unchecked: nobody notices
     one_by_one = ["--set", "engine.decode_runs=false"]  # the leak is seen at its very step
-    assert main(["run", str(path), "--out", str(out), "--check", *one_by_one]) == 3
+    assert main(["run", str(path), "--out", str(out), "--force", "--check", *one_by_one]) == 3
     err = capsys.readouterr().err
     assert err.startswith("kvsim: internal error (please report it): invariant violated after")
     assert "block reference counts do not match their owners" in err

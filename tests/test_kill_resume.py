@@ -125,7 +125,7 @@ def test_killed_run_leaves_old_or_new_directory_whole(tmp_path, round_, capsys):
     out = tmp_path / "run"
     assert main(["run", str(tmp_path / "base.yaml"), "--out", str(out)]) == 0
     old = json.loads((out / "summary.json").read_text())
-    proc = start(["run", "base.yaml", "--out", "run", "--set", "seed=1"], tmp_path)
+    proc = start(["run", "base.yaml", "--out", "run", "--force", "--set", "seed=1"], tmp_path)
     in_write = rng.random() < 0.7  # mostly while it writes: the moment that matters
     if in_write:  # the temporary run directory exists: kill within the next 50 ms
         writing = lambda: any(p.is_dir() for p in tmp_path.glob(".run.*"))  # noqa: E731
@@ -138,7 +138,8 @@ def test_killed_run_leaves_old_or_new_directory_whole(tmp_path, round_, capsys):
         assert_run_dir(tmp_path / ".run.old")
     inputs = {"run", "base.yaml", "sweep.yaml"}
     assert {p.name for p in tmp_path.iterdir() if not hidden(p)} <= inputs
-    assert main(["run", str(tmp_path / "base.yaml"), "--out", str(out), "--set", "seed=1"]) == 0
+    rerun = ["run", str(tmp_path / "base.yaml"), "--out", str(out), "--force", "--set", "seed=1"]
+    assert main(rerun) == 0
     assert_run_dir(out)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run")]  # cleaned
     assert json.loads((out / "summary.json").read_text()) != old

@@ -1,12 +1,14 @@
-"""``kvsim run CONFIG [--out DIR] [--set KEY=VALUE ...]``: one simulation."""
+"""``kvsim run CONFIG [--out DIR] [--force] [--quiet] [--set KEY=VALUE ...]``: one simulation."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sim.config.loader import load_config
-from sim.errors import ConfigError
+from sim.errors import ConfigError, KvsimError
+from sim.observe.progress import RunProgress
 from sim.run import RunResult, simulate
 from sim.rundir import check_writable, write_run
 from sim.units import format_bytes
@@ -41,10 +43,24 @@ def _cell(summary: dict, key: str | tuple[str, ...], fmt: str) -> str:
     return fmt.format(summary[key])
 
 
-def format_summary(summary: dict) -> str:
+def _hbm_cache_row(result: RunResult) -> tuple[str, str] | None:
+    """In ``dram_centric`` the KV pool row shows HBM's cache of hot blocks, whose size follows
+    each step's activations: its range over the run (the timeline's ``hbm_kv_pool_bytes``)."""
+    if result.config.kv.mode != "dram_centric" or not len(result.timeline):
+        return None
+    cache = result.timeline["hbm_kv_pool_bytes"]
+    low, high = format_bytes(float(cache.min())), format_bytes(float(cache.max()))
+    return "HBM cache (dram_centric)", low if low == high else f"{low} to {high}"
+
+
+def format_summary(result: RunResult) -> str:
     """The short table ``kvsim run`` prints."""
-    width = max(len(label) for label, _, _ in SUMMARY_ROWS)
-    return "\n".join(f"{label:<{width}}  {_cell(summary, k, f)}" for label, k, f in SUMMARY_ROWS)
+    rows = [(label, _cell(result.summary, key, fmt)) for label, key, fmt in SUMMARY_ROWS]
+    cache = _hbm_cache_row(result)
+    if cache is not None:
+        rows = [cache if label == "KV pool" else (label, text) for label, text in rows]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
 
 def check_schedulable(result: RunResult, source: str) -> None:
@@ -92,17 +108,60 @@ def check_schedulable(result: RunResult, source: str) -> None:
     )
 
 
+def _rate(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}/s"
+
+
+def overload_warning(summary: dict) -> str | None:
+    """The one warning line of an overloaded run (``overloaded`` in the summary), or None."""
+    if not summary.get("overloaded"):
+        return None
+    offered, served = summary.get("offered_rate_rps"), summary.get("served_rate_rps")
+    return (
+        f"kvsim: warning: overloaded: requests arrived at {_rate(offered)} but were served at "
+        f"{_rate(served)}, so the waiting queue grew all run and latencies measure that "
+        "backlog; lower the arrival rate (workload.arrival.rate, workload.rate_scale) or add "
+        "capacity"
+    )
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse a non-empty ``out`` unless ``force``; refuse one holding folders (a sweep's,
+    say) even then: ``--force`` replaces a run directory, not a tree."""
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    if entries and not force:
+        shown = ", ".join(p.name for p in entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise KvsimError(
+            f"{out}: the output folder is not empty (it holds {shown}); pass --force to "
+            "replace it, or choose another --out"
+        )
+    folders = [p.name for p in entries if p.is_dir()]
+    if folders:
+        raise KvsimError(
+            f"{out}: holds folders ({folders[0]}/), so it is not a run directory and --force "
+            "will not replace it; choose another --out"
+        )
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """Load, check the output folder, simulate, print the summary, write the run directory."""
+    """Load, check the output folder, simulate (a progress bar on a terminal), print the
+    summary and any overload warning, write the run directory."""
     overrides = [*args.set, *([f"engine.check={args.check}"] if args.check is not None else [])]
     config = load_config(args.config, overrides)
     out = check_writable(args.out or Path("runs") / Path(args.config).stem)
+    check_out(out, args.force)
+    progress = RunProgress(sys.stderr)
+    observers = [progress.attach] if not args.quiet and sys.stderr.isatty() else []
     try:
-        result = simulate(config, base_dir=Path(args.config).parent)
+        with progress:
+            result = simulate(config, base_dir=Path(args.config).parent, observers=observers)
         check_schedulable(result, str(args.config))
     except ConfigError as error:
         raise error.at(str(args.config)) from None
-    print(format_summary(result.summary))
+    print(format_summary(result))
+    warning = overload_warning(result.summary)
+    if warning:
+        print(warning, file=sys.stderr)
     write_run(result, out)
     print(f"wrote {out}/")
     return 0
@@ -113,6 +172,15 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="simulate one config", description=__doc__)
     parser.add_argument("config", help="run config YAML")
     parser.add_argument("--out", type=Path, help="run directory (default: runs/CONFIG_NAME)")
+    parser.add_argument(
+        "--force", action="store_true",
+        help="replace --out if it is not empty (by default a non-empty folder is refused)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="draw no progress bar (by default runs longer than a few seconds draw one on "
+        "stderr when it is a terminal)",
+    )  # fmt: skip
     parser.add_argument(
         "--set",
         action="append",
