@@ -18,12 +18,13 @@ class PrefixLoads:
     def __init__(self, kv: KvParts):
         self.kv = kv
         self.in_flight = 0
+        self.admitted = np.zeros(len(kv.holdings.held), dtype=bool)  # took a prefix once
 
     def take(self, rid: int, hits: PrefixHits) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
         kv = self.kv
         c, t, home = kv.counters, kv.table, kv.mode.home
-        c.lookup_blocks += kv.index.lookup_blocks(rid)
+        self._count(rid, hits)
         now = kv.now
         loads = self._reference(hits)
         on_ssd = [b for b in loads if not t.where[DRAM, b]]
@@ -46,8 +47,31 @@ class PrefixLoads:
             kv.env.process(self._load(rid, loads, on_ssd, sources, waits))
         return bool(loads or waits)
 
+    def _count(self, rid: int, hits: PrefixHits) -> None:
+        """Count the lookup and its hits per tier. A request's first admission also counts
+        as cross-request reuse (``reuse_*``): it holds no block of its own yet, so every block
+        it finds another request wrote (a previous turn of its conversation included). Its
+        later admissions (after a recompute preemption, or after giving back the blocks it
+        loaded) count their hits as re-hits: blocks it wrote before it was preempted, or
+        shared blocks it finds again; their lookups are not reuse lookups."""
+        c = self.kv.counters
+        lookups = self.kv.index.lookup_blocks(rid)
+        c.lookup_blocks += lookups
+        first = not self.admitted[rid]
+        if first:
+            self.admitted[rid] = True
+            c.reuse_lookup_blocks += lookups
+        if not len(hits):
+            return
+        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+            c.hits[i] += n
+            if first:
+                c.reuse_hits[i] += n
+        if not first:
+            c.rehit_blocks += len(hits)
+
     def _reference(self, hits: PrefixHits) -> list[int]:
-        """Count and reference the hit blocks, pin those at home; returns the others.
+        """Reference the hit blocks, pin those at home; returns the others.
 
         NOTE: one at a time, each home block was pinned then touched; a touch after a pin
         does nothing (a pinned block is not evictable), so pinning them all is the same.
@@ -55,9 +79,7 @@ class PrefixLoads:
         if not len(hits):
             return []
         kv = self.kv
-        c, t, home = kv.counters, kv.table, kv.mode.home
-        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
-            c.hits[i] += n
+        t, home = kv.table, kv.mode.home
         at = hits.blocks
         np.add.at(t.ref, at, 1)
         at_home = (hits.tiers == home.index) | t.where[home.index, at]
