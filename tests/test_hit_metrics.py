@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.config import load_config
 from sim.run import simulate
@@ -166,3 +168,31 @@ def test_on_mooncake_the_reuse_rate_stays_under_the_ceiling_where_the_old_rate_d
     requests = build_requests(config.workload, config.seed, traces_dir, BT)
     s = check_against_ceiling(config, requests)
     assert s["hbm_hit_rate"] > s["ceiling"]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    pool=st.integers(200, 2000),
+    mode=st.sampled_from(["hbm", "offload", "dram_centric"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    multi_turn=st.booleans(),
+)
+def test_reuse_is_bounded_by_the_ceiling_and_the_counts_add_up(
+    seed, pool, mode, preemption, multi_turn
+):
+    """Any pool, mode and preemption: the reuse lookups are the ceiling's, the reuse hits at
+    most its reusable blocks, and every hit is reuse or a re-hit."""
+    config = make_config(
+        f"seed={seed}", f"engine.kv_pool_blocks={pool}", f"engine.preemption={preemption}",
+        f"kv.mode={mode}", workload=MULTI_TURN if multi_turn else SHARED,
+    )  # fmt: skip
+    requests = build_requests(config.workload, seed, Path("."), BT)
+    result = simulate(config, requests)
+    s = result.summary
+    admitted = (result.requests.status == "finished").to_numpy()
+    reusable, looked_up = reuse_ceiling(requests, admitted, BT)
+    assert s["prefix_reuse_lookup_blocks"] == looked_up
+    assert s["prefix_reuse_hit_tokens"] <= reusable * BT
+    assert s["prefix_hit_tokens"] == s["prefix_reuse_hit_tokens"] + s["prefix_rehit_tokens"]
+    assert s["prefix_lookup_blocks"] >= looked_up
