@@ -48,7 +48,8 @@ class PrefixLoads:
         return bool(loads or waits)
 
     def _count(self, rid: int, hits: PrefixHits) -> None:
-        """Count the lookup and its hits per tier. A request's first admission also counts
+        """Count the lookup, and its hits as reuse or re-hits (:meth:`_reference` counts
+        them per tier for every admission). A request's first admission counts
         as cross-request reuse (``reuse_*``): it holds no block of its own yet, so every block
         it finds another request wrote (a previous turn of its conversation included). Its
         later admissions (after a recompute preemption, or after giving back the blocks it
@@ -57,21 +58,17 @@ class PrefixLoads:
         c = self.kv.counters
         lookups = self.kv.index.lookup_blocks(rid)
         c.lookup_blocks += lookups
-        first = not self.admitted[rid]
-        if first:
-            self.admitted[rid] = True
-            c.reuse_lookup_blocks += lookups
-        if not len(hits):
-            return
-        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
-            c.hits[i] += n
-            if first:
-                c.reuse_hits[i] += n
-        if not first:
+        if self.admitted[rid]:
             c.rehit_blocks += len(hits)
+            return
+        self.admitted[rid] = True
+        c.reuse_lookup_blocks += lookups
+        if len(hits):
+            for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+                c.reuse_hits[i] += n
 
     def _reference(self, hits: PrefixHits) -> list[int]:
-        """Reference the hit blocks, pin those at home; returns the others.
+        """Count and reference the hit blocks, pin those at home; returns the others.
 
         NOTE: one at a time, each home block was pinned then touched; a touch after a pin
         does nothing (a pinned block is not evictable), so pinning them all is the same.
@@ -79,7 +76,9 @@ class PrefixLoads:
         if not len(hits):
             return []
         kv = self.kv
-        t, home = kv.table, kv.mode.home
+        c, t, home = kv.counters, kv.table, kv.mode.home
+        for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+            c.hits[i] += n
         at = hits.blocks
         np.add.at(t.ref, at, 1)
         at_home = (hits.tiers == home.index) | t.where[home.index, at]
