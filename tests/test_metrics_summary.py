@@ -1,9 +1,11 @@
-"""``sim.observe.metrics`` request table and summary on a hand-built run with a rejected request."""
+"""``sim.observe.metrics`` request table and summary on hand-built runs: a rejected request,
+decode-only step times, and the overload rule on hand-written queues."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from sim.instance.timeline import Timeline
+from sim.instance.timeline import TIMELINE_COLUMNS, Timeline
 from sim.observe.metrics import request_frame, summarize
 from sim.workload.requests import Requests
 
@@ -38,3 +40,66 @@ def test_throughput_and_latency_count_finished_requests_only():
     assert s["ttft_mean_s"] == pytest.approx(1.0)
     assert s["e2e_mean_s"] == pytest.approx(4.0)
     assert s["preemptions"] == 1 and s["steps"] == 0
+
+
+def timeline(**columns: list[float]) -> pd.DataFrame:
+    """A hand-written timeline: the given columns, every other column 0."""
+    rows = len(next(iter(columns.values())))
+    t = Timeline()
+    t.record_many(rows, **{c: np.asarray(columns.get(c, 0.0), float) for c in TIMELINE_COLUMNS})
+    return t.to_frame()
+
+
+def finished(arrival_s: list[float]) -> pd.DataFrame:
+    """A request table of requests arriving at ``arrival_s``, each finished 1 s later."""
+    n = len(arrival_s)
+    arrival = np.asarray(arrival_s, dtype=float)
+    requests = Requests(arrival, prompt_tokens=np.full(n, 64), output_tokens=np.ones(n, int))
+    return request_frame(requests, arrival, arrival + 1, arrival + 1, np.zeros(n, int), {})
+
+
+def test_decode_step_times_are_those_of_the_steps_without_prefill():
+    """Five steps, three of them decode-only (0.01, 0.02, 0.04 s): mean 0.07 / 3, median
+    0.02, p99 by linear interpolation at rank 0.99 x 2 = 1.98: 0.02 + 0.98 x 0.02."""
+    steps = timeline(prefill_tokens=[512, 0, 0, 100, 0], step_s=[0.05, 0.01, 0.02, 0.03, 0.04])
+    s = summarize(finished([0.0]), steps, 1.0)
+    assert s["decode_step_mean_s"] == pytest.approx(0.07 / 3)
+    assert s["decode_step_p50_s"] == pytest.approx(0.02)
+    assert s["decode_step_p99_s"] == pytest.approx(0.0396)
+    only_prefill = summarize(finished([0.0]), timeline(prefill_tokens=[64], step_s=[0.1]), 1.0)
+    assert only_prefill["decode_step_p50_s"] is None and only_prefill["decode_step_mean_s"] is None
+
+
+def one_a_second(waiting: list[int]) -> dict:
+    """The summary of 11 requests arriving one a second over [0, 10] (1.1/s), finished by
+    11 s, with one 1-s step a second whose queue is ``waiting``."""
+    steps = timeline(time_s=list(range(10)), step_s=[1.0] * 10, waiting=waiting)
+    return summarize(finished(list(range(11))), steps, 11.0)
+
+
+def test_a_queue_that_grows_with_the_arrivals_is_overloaded():
+    """The queue is i at step i: means over [0, 5) and [5, 10) are 2 and 7; the 5 requests
+    arriving in (5, 10] see a rise of 5: queue growth 1."""
+    s = one_a_second(list(range(10)))
+    assert s["queue_growth"] == pytest.approx(1.0)
+    assert s["overloaded"] is True
+    assert s["offered_rate_rps"] == pytest.approx(1.1)
+    assert s["served_rate_rps"] == pytest.approx(1.0)
+
+
+def test_a_level_queue_is_not_overload_however_long_it_is():
+    """3 requests always waiting: no growth, not overloaded. A queue empty in the first half
+    and 0, 1, 2, 2, 2 in the second: means 0 and 1.4, a rise of 1.4 over the 5 requests
+    arriving in the second half: growth 0.28, above 0.1."""
+    level = one_a_second([3] * 10)
+    assert level["queue_growth"] == pytest.approx(0.0) and level["overloaded"] is False
+    late = one_a_second([0] * 5 + [0, 1, 2, 2, 2])
+    assert late["queue_growth"] == pytest.approx(0.28) and late["overloaded"] is True
+
+
+def test_a_closed_batch_has_no_arrival_rate_and_is_not_overloaded():
+    steps = timeline(time_s=[0.0, 1.0], step_s=[1.0, 1.0], waiting=[5, 4])
+    s = summarize(finished([0.0] * 6), steps, 2.0)
+    assert s["offered_rate_rps"] is None and s["queue_growth"] is None
+    assert s["overloaded"] is False
+    assert s["served_rate_rps"] == pytest.approx(3.0)

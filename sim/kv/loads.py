@@ -18,12 +18,13 @@ class PrefixLoads:
     def __init__(self, kv: KvParts):
         self.kv = kv
         self.in_flight = 0
+        self.admitted = np.zeros(len(kv.held), dtype=bool)  # took a prefix once
 
     def take(self, rid: int, hits: PrefixHits) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
         kv = self.kv
         c, t, home = kv.counters, kv.table, kv.home
-        c.lookup_blocks += kv.index.lookup_blocks(rid)
+        self._count(rid, hits)
         now = kv.now
         loads = self._reference(hits)
         on_ssd = [b for b in loads if not t.where[DRAM, b]]
@@ -45,6 +46,26 @@ class PrefixLoads:
             self.in_flight += 1
             kv.env.process(self._load(rid, loads, on_ssd, sources, waits))
         return bool(loads or waits)
+
+    def _count(self, rid: int, hits: PrefixHits) -> None:
+        """Count the lookup, and its hits as reuse or re-hits (:meth:`_reference` counts
+        them per tier for every admission). A request's first admission counts
+        as cross-request reuse (``reuse_*``): it holds no block of its own yet, so every block
+        it finds another request wrote (a previous turn of its conversation included). Its
+        later admissions (after a recompute preemption, or after giving back the blocks it
+        loaded) count their hits as re-hits: blocks it wrote before it was preempted, or
+        shared blocks it finds again; their lookups are not reuse lookups."""
+        c = self.kv.counters
+        lookups = self.kv.index.lookup_blocks(rid)
+        c.lookup_blocks += lookups
+        if self.admitted[rid]:
+            c.rehit_blocks += len(hits)
+            return
+        self.admitted[rid] = True
+        c.reuse_lookup_blocks += lookups
+        if len(hits):
+            for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
+                c.reuse_hits[i] += n
 
     def _reference(self, hits: PrefixHits) -> list[int]:
         """Count and reference the hit blocks, pin those at home; returns the others.

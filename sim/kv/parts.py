@@ -24,11 +24,20 @@ from sim.memory.tiers import Tier
 
 @dataclass
 class Counters:
-    """Running totals for the summary (and per-step deltas for the timeline)."""
+    """Running totals for the summary (and per-step deltas for the timeline).
+
+    ``lookup_blocks`` and ``hits`` (per tier) count every admission's prefix lookup;
+    ``reuse_lookup_blocks`` and ``reuse_hits`` a request's first admission only (blocks other
+    requests wrote); ``rehit_blocks`` the hits of its later admissions (after a recompute
+    preemption): ``sum(hits) == sum(reuse_hits) + rehit_blocks``.
+    """
 
     lookup_blocks: int = 0
     hits: list[int] = field(default_factory=lambda: [0, 0, 0])
     prefix_hit_tokens: int = 0
+    reuse_lookup_blocks: int = 0
+    reuse_hits: list[int] = field(default_factory=lambda: [0, 0, 0])
+    rehit_blocks: int = 0
     access_blocks: int = 0
     access_hbm_hits: int = 0
     swaps: int = 0

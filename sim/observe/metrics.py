@@ -11,6 +11,8 @@ from sim.instance.instance import Instance
 from sim.memory.blocks import DRAM, HBM, SSD
 from sim.workload.requests import Requests
 
+OVERLOAD_GROWTH = 0.1  # queue growth per request arrived above which a run is overloaded
+
 
 def request_frame(
     requests: Requests,
@@ -73,6 +75,8 @@ def summarize(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float)
         summary[f"{metric}_mean_s"] = float(column.mean()) if column.notna().any() else None
         for q in (50, 90, 99):
             summary[f"{metric}_p{q}_s"] = _percentile(column, q)
+        if metric == "tpot":
+            summary.update(decode_steps(timeline))
     summary.update(
         hbm_peak_bytes=float(hbm_used.max()) if len(timeline) else 0.0,
         hbm_kv_peak_bytes=float(timeline.hbm_kv_bytes.max()) if len(timeline) else 0.0,
@@ -82,19 +86,81 @@ def summarize(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float)
         mean_batch_size=float(timeline.batch_size.mean()) if len(timeline) else 0.0,
         sim_time_s=float(sim_time_s),
     )
+    summary.update(overload(requests, timeline, sim_time_s))
     return summary
+
+
+def decode_steps(timeline: pd.DataFrame) -> dict:
+    """Step time of the decode-only steps (no prefill token in the batch): mean, p50, p99.
+
+    TPOT also pays for the prefill chunks that share a decoding request's steps; these steps
+    show what decoding alone costs."""
+    steps = timeline.step_s[timeline.prefill_tokens == 0]
+    return {
+        "decode_step_mean_s": float(steps.mean()) if len(steps) else None,
+        "decode_step_p50_s": _percentile(steps, 50),
+        "decode_step_p99_s": _percentile(steps, 99),
+    }
+
+
+def overload(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float) -> dict:
+    """Offered and served request rates, and whether the run is overloaded: its waiting queue
+    grew with the arrivals (``queue_growth`` above :data:`OVERLOAD_GROWTH`). A closed batch
+    (every request arrives at one instant) has no arrival rate and is never overloaded."""
+    arrival = requests.arrival_s.to_numpy()
+    span = float(arrival.max() - arrival.min()) if len(arrival) else 0.0
+    finished = int((requests.status == "finished").sum())
+    growth = queue_growth(arrival, timeline) if span > 0 else None
+    return {
+        "overloaded": growth is not None and growth > OVERLOAD_GROWTH,
+        "offered_rate_rps": len(arrival) / span if span > 0 else None,
+        "served_rate_rps": finished / float(sim_time_s) if sim_time_s > 0 else None,
+        "queue_growth": growth,
+    }
+
+
+def queue_growth(arrival: np.ndarray, timeline: pd.DataFrame) -> float:
+    """How much the waiting queue grew over the arrival period, per request arrived: the
+    time-mean of ``waiting`` over the period's second half minus that over its first half,
+    over the requests that arrived in the second half.
+
+    A queue that keeps pace with the arrivals stays level (about 0); one that falls behind
+    grows by (offered - served rate) x time, so this is about ``1 - served / offered``.
+    """
+    start, end = float(arrival.min()), float(arrival.max())
+    mid = (start + end) / 2
+    starts = timeline.time_s.to_numpy(dtype=np.float64)
+    waiting = timeline.waiting.to_numpy(dtype=np.float64)
+    rise = _time_mean(starts, waiting, mid, end) - _time_mean(starts, waiting, start, mid)
+    return rise / int(np.count_nonzero(arrival > mid))
+
+
+def _time_mean(starts: np.ndarray, values: np.ndarray, a: float, b: float) -> float:
+    """Mean over ``[a, b]`` of the step function worth ``values[i]`` from ``starts[i]`` to
+    the next start (0 before the first): each step's queue, held until the next step."""
+    if not len(starts):
+        return 0.0
+    stops = np.append(starts[1:], np.inf)
+    overlap = np.clip(np.minimum(stops, b) - np.maximum(starts, a), 0.0, None)
+    return float(values @ overlap) / (b - a)
 
 
 def tier_summary(instance: Instance) -> dict:
     """The summary's hit rates, link bytes, stalls and swaps of one instance."""
-    c, links = instance.kv.counters, instance.links
-    lookups = max(c.lookup_blocks, 1)
+    c, links, bt = instance.kv.counters, instance.links, instance.kv.bt
+    lookups, reuse = max(c.lookup_blocks, 1), max(c.reuse_lookup_blocks, 1)
     return {
         "hbm_hit_rate": c.hits[HBM] / lookups,
         "dram_hit_rate": c.hits[DRAM] / lookups,
         "ssd_hit_rate": c.hits[SSD] / lookups,
         "prefix_lookup_blocks": c.lookup_blocks,
         "prefix_hit_tokens": c.prefix_hit_tokens,
+        "hbm_reuse_hit_rate": c.reuse_hits[HBM] / reuse,
+        "dram_reuse_hit_rate": c.reuse_hits[DRAM] / reuse,
+        "ssd_reuse_hit_rate": c.reuse_hits[SSD] / reuse,
+        "prefix_reuse_lookup_blocks": c.reuse_lookup_blocks,
+        "prefix_reuse_hit_tokens": sum(c.reuse_hits) * bt,
+        "prefix_rehit_tokens": c.rehit_blocks * bt,
         "recomputed_tokens": instance.scheduler.recomputed_tokens,
         "hbm_access_hit_rate": c.access_hbm_hits / max(c.access_blocks, 1),
         "h2d_bytes": links.h2d.bytes_delivered,
