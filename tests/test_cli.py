@@ -126,5 +126,8 @@ def test_quickstart_runs_and_plots(tmp_path):
     assert main(["run", str(QUICKSTART), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests_finished"] == 400
+    # the README's first experiment fills the KV pool without overloading the engine
+    assert summary["hbm_kv_peak_bytes"] >= 0.99 * summary["kv_pool_bytes"]
+    assert summary["overloaded"] is False
     assert main(["plot", str(out), "--kind", "hbm-pressure", "--out", str(out / "p.png")]) == 0
     assert (out / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

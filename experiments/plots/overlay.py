@@ -30,7 +30,8 @@ from sim.errors import KvsimError
 
 ENGINE_X = "engine.kv_pool_blocks"
 ENGINE_SERIES = "kv.eviction"
-ENGINE_METRIC = "hbm_hit_rate"
+ENGINE_METRIC = "hbm_reuse_hit_rate"  # cross-request hits: what replay counts
+OLD_METRIC = "hbm_hit_rate"  # results written before the reuse rates existed
 REPLAY_COLUMNS = ("policy", "capacity_blocks", "hit_rate", "block_tokens", "requests")
 DATA_COLUMNS = ["source", "series", "x", "mean", "std", "n"]
 BOUND = "opt"
@@ -165,7 +166,7 @@ def draw_hit_rate_overlay(source: Source, options: PlotOptions = DEFAULTS) -> Dr
 
 
 def overlay_figure(source: Source, options: PlotOptions = DEFAULTS) -> tuple[Figure, pd.DataFrame]:
-    """The sweep's hit rate (``--metric``, default hbm_hit_rate) against ``--x`` (default
+    """The sweep's hit rate (``--metric``, default hbm_reuse_hit_rate) against ``--x`` (default
     engine.kv_pool_blocks) with the replay's curves, checked to count the same requests in
     the same blocks; the title names the model, the hardware and the KV mode."""
     sweep_dir, csv_path = _two_sources(source)
@@ -177,7 +178,8 @@ def overlay_figure(source: Source, options: PlotOptions = DEFAULTS) -> tuple[Fig
     if series not in frame.columns:  # one policy for all points: the config names it
         frame = frame.assign(**{series: format_value(config.kv.eviction_for("hbm"))})
     _check_units(frame, replay, config.engine.block_tokens, csv_path)
-    data = overlay_data(frame, replay, x=x, series=series, metric=options.metric or ENGINE_METRIC)
+    default = ENGINE_METRIC if ENGINE_METRIC in frame.columns else OLD_METRIC
+    data = overlay_data(frame, replay, x=x, series=series, metric=options.metric or default)
     title = (
         f"{config.model.name} on {config.hardware.name}, kv.mode={config.kv.mode}: first "
         f"{int(replay.requests.iloc[0]):,} requests, {config.engine.block_tokens}-token blocks"

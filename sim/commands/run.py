@@ -23,6 +23,12 @@ SUMMARY_ROWS = (
     ("HBM peak", "hbm_peak_bytes", "bytes"),
     ("KV pool", "kv_pool_bytes", "bytes"),
     ("preemptions", "preemptions", "{:d}"),
+    ("decode step p50 / p99", ("decode_step_p50_s", "decode_step_p99_s"), "ms"),
+    (
+        "reuse hits HBM / DRAM / SSD",
+        ("hbm_reuse_hit_rate", "dram_reuse_hit_rate", "ssd_reuse_hit_rate"),
+        "rates",
+    ),
     ("prefix hits HBM / DRAM / SSD", ("hbm_hit_rate", "dram_hit_rate", "ssd_hit_rate"), "rates"),
     ("host link H2D / D2H", ("h2d_bytes", "d2h_bytes"), "bytes"),
     ("stall", "stall_s", "{:.2f} s"),

@@ -44,7 +44,7 @@ SWEEP = pd.DataFrame(
         "kv.eviction": ["lru"] * 4 + ["fifo"] * 4 + ["arc"] * 2,
         "engine.kv_pool_blocks": [256, 64, 256, 64, 64, 64, 256, 256, 64, 256],
         "seed": [0, 0, 1, 1, 0, 1, 0, 1, 0, 0],
-        "hbm_hit_rate": [0.30, 0.10, 0.34, 0.12, 0.05, 0.07, 0.20, 0.20, 0.5, 0.5],
+        "hbm_reuse_hit_rate": [0.30, 0.10, 0.34, 0.12, 0.05, 0.07, 0.20, 0.20, 0.5, 0.5],
     }
 )
 REPLAY = pd.DataFrame(
@@ -135,7 +135,7 @@ def test_the_figure_draws_the_sweep_results_and_the_replay_csv(overlay_files, tm
     plt.close(fig)
     for policy in ("lru", "fifo"):
         rows = results[results["kv.eviction"] == policy].sort_values("engine.kv_pool_blocks")
-        expected = (rows.hbm_hit_rate * 100).tolist()
+        expected = (rows.hbm_reuse_hit_rate * 100).tolist()
         assert drawn[f"engine:{policy}"] == (POOLS, pytest.approx(expected))
     for policy in ("lru", "fifo", "opt"):
         rows = table[table.policy == policy]
