@@ -138,13 +138,13 @@ def test_hit_rate_reads_a_replay_csv(tmp_path):
         hit_rate_data(tmp_path / "bad.csv")
 
 
-def test_hit_rate_of_a_sweep_defaults_to_the_hbm_hit_rate(sweep_dir):
+def test_hit_rate_of_a_sweep_defaults_to_the_cross_request_hbm_hit_rate(sweep_dir):
     results = _points(sweep_dir)
     data = hit_rate_data(sweep_dir, PlotOptions(x="workload.num_requests"))
-    assert data.attrs["metric"] == "hbm_hit_rate"
+    assert data.attrs["metric"] == "hbm_reuse_hit_rate"
     hbm = results[(results["kv.mode"] == "hbm") & (results["workload.num_requests"] == 2)]
     row = data[data.series.str.contains("kv.mode=hbm") & (data.x == 2)]
-    assert row["mean"].item() == pytest.approx(hbm.hbm_hit_rate.mean())
+    assert row["mean"].item() == pytest.approx(hbm.hbm_reuse_hit_rate.mean())
 
 
 def test_link_draws_the_timeline_utilisation(sweep_dir, tmp_path):

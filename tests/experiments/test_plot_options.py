@@ -279,10 +279,22 @@ def _with_reuse_keys(sweep_dir, folder):
     return copy, reuse
 
 
+def _without_reuse_keys(sweep_dir, folder):
+    """A copy of the sweep as results written before the cross-request keys existed."""
+    copy = shutil.copytree(sweep_dir, folder)
+    for point in store.load(copy).point_id:
+        path = store.run_dir(copy, point) / "summary.json"
+        summary = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in summary.items() if "reuse" not in k}))
+    store.write_results(copy)
+    return copy
+
+
 def test_hit_rate_draws_the_cross_request_rate_when_the_results_have_it(sweep_dir, tmp_path):
-    old = hit_rate_data(sweep_dir, PlotOptions(x="workload.num_requests"))
+    older = _without_reuse_keys(sweep_dir, tmp_path / "older")
+    old = hit_rate_data(older, PlotOptions(x="workload.num_requests"))
     assert old.attrs["metric"] == "hbm_hit_rate"  # results from before the key existed
-    assert hit_rate_data(sweep_dir, PlotOptions(x="workload.num_requests", metric="dram")).attrs[
+    assert hit_rate_data(older, PlotOptions(x="workload.num_requests", metric="dram")).attrs[
         "metric"] == "dram_hit_rate"  # fmt: skip
     copy, reuse = _with_reuse_keys(sweep_dir, tmp_path / "reuse")
     results = store.load(copy)
