@@ -19,6 +19,7 @@ from experiments.plots.sources import (
     as_paths,
     label_of,
     one_sweep,
+    read_replay_csv,
     sweep_rows,
     varying,
 )
@@ -192,15 +193,7 @@ def hit_rate_data(source: Source, options: PlotOptions = DEFAULTS) -> pd.DataFra
 
 def _replay_data(path: Path) -> pd.DataFrame:
     """A ``kvsim replay`` CSV as plot data (rows of one policy and capacity averaged)."""
-    if not path.is_file():
-        raise KvsimError(f"{path}: no such file")
-    table = pd.read_csv(path)
-    missing = [c for c in REPLAY_COLUMNS if c not in table.columns]
-    if missing:
-        raise KvsimError(
-            f"{path}: not a 'kvsim replay' CSV; missing column(s) {', '.join(missing)} "
-            f"(expected {', '.join(REPLAY_COLUMNS)})"
-        )
+    table = read_replay_csv(path, REPLAY_COLUMNS)
     table = table.assign(_panel="", _series=table.policy.astype(str))
     data = _aggregate(table, "capacity_blocks", "hit_rate")
     data.attrs.update(

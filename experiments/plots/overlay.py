@@ -22,7 +22,14 @@ from matplotlib.lines import Line2D
 
 from experiments import store
 from experiments.plots.layout import Drawn, axis_options, emit
-from experiments.plots.sources import DEFAULTS, PlotOptions, Source, as_paths, sweep_rows
+from experiments.plots.sources import (
+    DEFAULTS,
+    PlotOptions,
+    Source,
+    as_paths,
+    read_replay_csv,
+    sweep_rows,
+)
 from experiments.plots.style import color, marker, panels, plt, styled
 from experiments.sweep import format_value
 from sim.config.loader import load_config
@@ -216,14 +223,7 @@ def _check_fixed(frame: pd.DataFrame, drawn: list[str]) -> None:
 
 def _read_replay(path: Path) -> pd.DataFrame:
     """A ``kvsim replay`` CSV with every column the overlay needs."""
-    table = pd.read_csv(path)
-    missing = [c for c in REPLAY_COLUMNS if c not in table.columns]
-    if missing:
-        raise KvsimError(
-            f"{path}: not a 'kvsim replay' CSV of this version; missing column(s) "
-            f"{', '.join(missing)} (expected {', '.join(REPLAY_COLUMNS)})"
-        )
-    return table
+    return read_replay_csv(path, REPLAY_COLUMNS, " of this version")
 
 
 def _check_units(frame: pd.DataFrame, replay: pd.DataFrame, block_tokens: int, path: Path) -> None:

@@ -158,3 +158,17 @@ def one_sweep(source: Source, kind: str) -> Path:
             f"(with {store.RESULTS}); got {', '.join(map(str, paths))}"
         )
     return paths[0]
+
+
+def read_replay_csv(path: Path, columns: Sequence[str], what: str = "") -> pd.DataFrame:
+    """A ``kvsim replay`` CSV that has ``columns`` (``what``: why they are needed)."""
+    if not path.is_file():
+        raise KvsimError(f"{path}: no such file")
+    table = pd.read_csv(path)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise KvsimError(
+            f"{path}: not a 'kvsim replay' CSV{what}; missing column(s) {', '.join(missing)} "
+            f"(expected {', '.join(columns)})"
+        )
+    return table
