@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sim.config import load_config
 from sim.run import simulate
@@ -73,3 +74,20 @@ def test_the_bundled_mooncake_configs_are_served_and_the_traces_own_rates_are_no
         growth[scale] = s["queue_growth"]
         assert s["overloaded"] is (scale == 1), (scale, s["queue_growth"])
     assert growth["bundled"] < 0.05 and growth[1] > 0.4
+
+
+def test_kvsim_run_warns_once_on_a_really_overloaded_run(tmp_path, capsys):
+    """The whole path: a single-server engine fed 100 requests/s prints one warning."""
+    from sim.cli import main
+    from tests.conftest import BASE
+
+    data = {**BASE, "engine": {**BASE.get("engine", {}), "max_num_seqs": 1}}
+    data["workload"] = {
+        "kind": "synthetic", "num_requests": 60, "arrival": {"kind": "poisson", "rate": 100.0},
+        "prompt_tokens": 512, "output_tokens": 64,
+    }  # fmt: skip
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("kvsim: warning: overloaded: "), err
