@@ -1,4 +1,4 @@
-"""Eviction, admission and prefetch policies behind small interfaces, and a registry by name.
+"""Eviction, admission, prefetch and router policies behind small interfaces, and a registry.
 
 ``policies`` imports only numpy, the standard library and its own modules, never ``sim``.
 """
@@ -12,25 +12,33 @@ from policies.registry import (
     make_admission,
     make_eviction,
     make_prefetch,
+    make_router,
     prefetch_names,
     register,
+    router_names,
 )
+from policies.routing import InstanceSnapshot, Router, RouteRequest
 
 __all__ = [
     "AccessTrace",
     "AdmissionPolicy",
     "EvictionPolicy",
+    "InstanceSnapshot",
     "Param",
     "Pool",
     "PrefetchPolicy",
+    "RouteRequest",
+    "Router",
     "admission_names",
     "check_spec",
     "eviction_names",
     "make_admission",
     "make_eviction",
     "make_prefetch",
+    "make_router",
     "prefetch_names",
     "register",
     "replay",
     "replay_generic",
+    "router_names",
 ]

@@ -1,5 +1,7 @@
 """Policies by name: ``lru``, ``{name: s3fifo, small_fraction: 0.1}`` or ``pkg.module:Class``.
 
+Four kinds share it: eviction, admission, prefetch and router policies.
+
 Parameters are checked up front against each class's ``params``; context arguments that
 only the caller knows (``capacity``, ``rng``, ``future``, ``cost``) are passed to the
 constructor when it takes them. Every error is a ``ValueError`` naming the policy, the
@@ -14,6 +16,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 from policies.admission import AlwaysAdmit, SecondHit, Threshold
 from policies.arc import ARC
 from policies.base import AdmissionPolicy, EvictionPolicy, PrefetchPolicy
@@ -26,11 +30,12 @@ from policies.lru import LRU
 from policies.opt import OPT
 from policies.prefetch import PREFETCHERS
 from policies.prefix_lru import PrefixLRU
+from policies.routing import ROUTERS, Router
 from policies.s3fifo import S3FIFO
 from policies.scheduler_aware import SchedulerAware
 from policies.sieve import SIEVE
 
-P = TypeVar("P", EvictionPolicy, AdmissionPolicy, PrefetchPolicy)
+P = TypeVar("P", EvictionPolicy, AdmissionPolicy, PrefetchPolicy, Router)
 Spec = str | Mapping[str, Any]
 
 EVICTION: dict[str, type[EvictionPolicy]] = {
@@ -44,6 +49,7 @@ ADMISSION: dict[str, type[AdmissionPolicy]] = {
     cls.name: cls for cls in (AlwaysAdmit, SecondHit, Threshold)
 }
 PREFETCH: dict[str, type[PrefetchPolicy]] = {cls.name: cls for cls in PREFETCHERS}
+ROUTER: dict[str, type[Router]] = {cls.name: cls for cls in ROUTERS}
 ALIASES = {"belady": "opt", "min": "opt", "greedydual": "gds", "heat_ema": "heat"}
 
 CONTEXT = {
@@ -57,12 +63,14 @@ CONTEXT = {
 def _tables(kind: type) -> tuple[str, dict[str, Any]]:
     if kind is PrefetchPolicy:
         return "prefetch", PREFETCH
+    if kind is Router:
+        return "router", ROUTER
     return ("eviction", EVICTION) if kind is EvictionPolicy else ("admission", ADMISSION)
 
 
 def register(cls: type[P]) -> type[P]:
     """Add a policy class under its ``name`` (usable as a decorator); names are unique."""
-    kinds = (EvictionPolicy, AdmissionPolicy, PrefetchPolicy)
+    kinds = (EvictionPolicy, AdmissionPolicy, PrefetchPolicy, Router)
     kind = next(k for k in kinds if issubclass(cls, k))
     label, table = _tables(kind)
     if not cls.name or cls.name in table or cls.name in ALIASES:
@@ -117,7 +125,7 @@ def resolve(name: str, kind: type = EvictionPolicy) -> type:
 
 
 def check_params(
-    cls: type[EvictionPolicy] | type[AdmissionPolicy] | type[PrefetchPolicy],
+    cls: type[EvictionPolicy] | type[AdmissionPolicy] | type[PrefetchPolicy] | type[Router],
     name: str,
     params: Mapping[str, Any],
     label: str,
@@ -190,6 +198,19 @@ def make_admission(spec: Spec, **context: Any) -> AdmissionPolicy:
 def make_prefetch(spec: Spec) -> PrefetchPolicy:
     """Build a prefetch policy (``none``, ``queue_lookahead``, ``heat``, ``next_turn`` ...)."""
     return _build(spec, PrefetchPolicy, {})
+
+
+def make_router(spec: Spec, rng: np.random.Generator | None = None) -> Router:
+    """Build a router (``round_robin``, ``kv_aware`` ...); ``rng`` is a numpy Generator.
+
+    Without ``rng`` a router that draws uses a Generator seeded with 0.
+    """
+    return _build(spec, Router, {"rng": rng})
+
+
+def router_names() -> list[str]:
+    """Registered router names, sorted."""
+    return sorted(ROUTER)
 
 
 def prefetch_names() -> list[str]:
