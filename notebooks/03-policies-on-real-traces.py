@@ -161,7 +161,10 @@ for prefetch in ("none", "queue_lookahead"):
         ],
     )
     engine_runs[prefetch] = simulate(config, base_dir=configs).summary
-keys = ["hbm_hit_rate", "dram_hit_rate", "ttft_p50_s", "ttft_p99_s", "h2d_bytes", "stall_s"]
+# cross-request hit rates (a request's own re-hits after preemption left out), and whether the
+# engine keeps up with the arrivals (docs/outputs.md)
+keys = ["hbm_reuse_hit_rate", "dram_reuse_hit_rate", "ttft_p50_s", "ttft_p99_s", "h2d_bytes"]
+keys += ["stall_s", "overloaded"]
 pd.DataFrame(engine_runs).loc[keys]
 
 # %% [markdown]
