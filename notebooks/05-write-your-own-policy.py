@@ -216,14 +216,16 @@ results = run_sweep(
     load_sweep(HERE / "slru-sweep.yaml"), HERE / "slru", Limits(workers=1), progress=False
 )
 results.pivot(
-    index="engine.kv_pool_blocks", columns="kv.eviction", values=["hbm_hit_rate", "ttft_p50_s"]
+    index="engine.kv_pool_blocks",
+    columns="kv.eviction",
+    values=["hbm_reuse_hit_rate", "ttft_p50_s"],
 ).round(3)
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3))
 for policy, rows in results.groupby("kv.eviction"):
-    ax.plot(rows["engine.kv_pool_blocks"], rows.hbm_hit_rate, marker="o", label=policy)
-ax.set(xlabel="HBM KV pool (16-token blocks)", ylabel="prefix hit rate (HBM)", xscale="log")
+    ax.plot(rows["engine.kv_pool_blocks"], rows.hbm_reuse_hit_rate, marker="o", label=policy)
+ax.set(xlabel="HBM KV pool (16-token blocks)", ylabel="cross-request hit rate (HBM)", xscale="log")
 ax.legend()
 fig.tight_layout()
 
