@@ -108,20 +108,13 @@ print(
 )
 
 # %%
-from experiments.plots import hbm_pressure_data
+from experiments.plots import HBM_PARTS, hbm_pressure_data
 
 b32 = batch[batch["workload.num_requests"] == 32]
 fig, axes = plt.subplots(1, 3, figsize=(10, 2.8), sharey=True)
 for ax, (_, row) in zip(axes, b32.iterrows(), strict=True):
     data = hbm_pressure_data(HERE / "batch" / "points" / row.point_id)
-    parts = [
-        "hbm_weights_bytes",
-        "hbm_reserve_bytes",
-        "hbm_activation_bytes",
-        "hbm_kv_running_bytes",
-        "hbm_kv_cached_bytes",
-        "hbm_staging_bytes",
-    ]
+    parts = [column for column, _, _ in HBM_PARTS]  # the timeline's HBM parts, bottom up
     ax.stackplot(
         data.time_s, *(data[p] for p in parts), step="post", labels=[p[4:-6] for p in parts]
     )

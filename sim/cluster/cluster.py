@@ -8,7 +8,7 @@ from sim.config.run import RunConfig
 from sim.cost import cost_model_for
 from sim.instance.instance import Instance
 from sim.kv.pools import HostPool, host_pool
-from sim.kv.prefix import lost_block_cost, prefix_hashes
+from sim.kv.prefix import hashed_block_counts, lost_block_cost
 from sim.memory.fabric import Fabric
 from sim.memory.hbm_plan import plan_hbm
 from sim.workload.requests import Requests
@@ -30,9 +30,8 @@ class Cluster:
 
     def _lost_cost(self):
         """What losing a block from the host's tiers costs (cost-aware eviction policies)."""
-        cached = self.config.kv.prefix_caching and self.requests.prefix_hashes is not None
-        hashes = prefix_hashes(self.requests, cached)
-        return lost_block_cost(self.fabric.table, hashes, self.config.engine.block_tokens)
+        counts = hashed_block_counts(self.requests, self.config.kv.prefix_caching)
+        return lost_block_cost(self.fabric.table, counts, self.config.engine.block_tokens)
 
     def start(self):
         """Start the feed and the instances' step loops; the process that ends with them."""

@@ -26,7 +26,7 @@ from sim.kv.modes import MODES, StepIO
 from sim.kv.parts import Counters
 from sim.kv.pools import HostPool, hbm_pool
 from sim.kv.prefetch import Prefetcher
-from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex, lost_block_cost
+from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
 from sim.kv.swap import SwapSpace
 from sim.memory.blocks import DRAM, HBM, BlockTable
@@ -57,8 +57,8 @@ class KvManager:
             table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers
         )
         self.prefix = self.index.enabled
-        lost = lost_block_cost(table, self.index.hashes, self.bt)
-        hbm = hbm_pool(config, table, self.mode, hbm_blocks, host.keeps_below[HBM], lost)
+        keeps = host.keeps_below[HBM]
+        hbm = hbm_pool(config, table, self.mode, hbm_blocks, keeps, host.lost_cost)
         self.tiers = [hbm, host.dram, host.ssd]
         self.home: Tier = self.tiers[self.mode.home_index]  # running blocks live here
         self.holdings = Holdings(len(requests))

@@ -52,6 +52,7 @@ class HostPool:
     dram: Tier
     ssd: Tier
     keeps_below: list[bool]
+    lost_cost: Callable[[int], float]  # what losing a block costs (cost-aware policies)
 
 
 def host_pool(config: RunConfig, table: BlockTable, lost_cost: Callable[[int], float]) -> HostPool:
@@ -62,7 +63,7 @@ def host_pool(config: RunConfig, table: BlockTable, lost_cost: Callable[[int], f
     dram, ssd = (
         make_tier(config, i, blocks[i], table, None if keeps[i] else lost_cost) for i in (DRAM, SSD)
     )
-    return HostPool(dram, ssd, keeps)
+    return HostPool(dram, ssd, keeps, lost_cost)
 
 
 def hbm_pool(

@@ -41,14 +41,24 @@ def prefix_hashes(requests: Requests, enabled: bool) -> list[np.ndarray] | None:
     return hashes
 
 
+def hashed_block_counts(requests: Requests, enabled: bool) -> np.ndarray:
+    """How many blocks of each request :func:`prefix_hashes` names (counted, not joined)."""
+    if requests.prefix_hashes is None:
+        return np.zeros(0, dtype=np.int64)
+    counts = np.array([len(h) for h in requests.prefix_hashes], dtype=np.int64)
+    if enabled and requests.output_hashes is not None:
+        counts += np.array([len(h) for h in requests.output_hashes], dtype=np.int64)
+    return counts
+
+
 def lost_block_cost(
-    table: BlockTable, hashes: list[np.ndarray] | None, block_tokens: int
+    table: BlockTable, hashed_blocks: np.ndarray, block_tokens: int
 ) -> Callable[[int], float]:
     """What losing a block costs: the tokens from it to the end of its prefix chain (its
     owner's hashed blocks), which a prefix match can no longer reach without it (a match
     stops at the first missing block); one block's tokens for a block past the chain. The
-    start of a long shared prefix is worth the most."""
-    hashed_blocks = np.array([len(h) for h in hashes or ()], dtype=np.int64)
+    start of a long shared prefix is worth the most. ``hashed_blocks``: each request's
+    registrable blocks (:func:`hashed_block_counts`)."""
 
     def cost(b: int) -> float:
         owner, position = int(table.owner[b]), int(table.position[b])
@@ -72,7 +82,7 @@ class PrefixIndex:
         self.lookup_tiers = lookup_tiers  # tiers a hit may be read from (HBM first)
         self.hashes = prefix_hashes(requests, self.enabled)
         # blocks of each request that can ever be registered (its hashes)
-        self.hashed_blocks = np.array([len(h) for h in self.hashes or ()], dtype=np.int64)
+        self.hashed_blocks = hashed_block_counts(requests, self.enabled)
         self.prompt = requests.prompt_tokens
         self.registered = np.zeros(len(requests), dtype=np.int64)
         self._memo: dict[int, tuple[int, np.ndarray]] = {}  # rid -> (index version, ids)
