@@ -216,7 +216,10 @@ class Generator:
         members = [m for m in members if m is not type(None)]
         models = [m for m in members if _is_model(m)]
         unit = _unit(metadata, members[0] if members else None)
-        if models and len(models) == len(members):
+        listed = [typing.get_args(m)[0] for m in members if typing.get_origin(m) is list]
+        if len(members) == 1 and len(listed) == 1 and _is_model(listed[0]):
+            kind = f"list of [section](#{self.model_section(listed[0], path + '[]')})"
+        elif models and len(models) == len(members):
             if len(models) == 1:
                 target = self.model_section(models[0], path)
                 kind = f"[section](#{target})"

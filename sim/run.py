@@ -15,6 +15,7 @@ from sim.config.run import RunConfig
 from sim.instance.events import StepObserver
 from sim.instance.instance import Instance
 from sim.memory.hbm_plan import HbmPlan
+from sim.observe.cluster import check_cluster, cluster_results
 from sim.observe.heatlog import HeatLog
 from sim.observe.invariants import Invariants
 from sim.observe.metrics import request_frame, summarize, tier_summary
@@ -52,17 +53,18 @@ def simulate(
 
 
 class Simulation:
-    """A cluster of one instance with its observers: the heat log (``engine.kv_heat``) and
-    the invariants (``engine.check``), and any the caller's ``observers`` build, subscribed
-    before the run. Its instance's parts are at hand (``kv``, ``scheduler``, ...) for
-    scripts and tests that look inside a run."""
+    """A cluster (of one instance without a ``cluster`` key) with its observers: the heat log
+    (``engine.kv_heat``, the first instance's) and the invariants (``engine.check``, every
+    instance's), and any the caller's ``observers`` build, subscribed before the run. The
+    first instance's parts are at hand (``kv``, ``scheduler``, ...) for scripts and tests
+    that look inside a run."""
 
     def __init__(
         self, config: RunConfig, requests: Requests, observers: Sequence[ObserverFactory] = ()
     ):
         self.cluster = cluster = Cluster(config, requests)
         self.config, self.instance = config, cluster.instance
-        self.env, self.fabric = cluster.fabric.env, cluster.fabric
+        self.env, self.fabric = cluster.env, cluster.fabric
         instance = cluster.instance
         self.kv, self.scheduler, self.timeline = instance.kv, instance.scheduler, instance.timeline
         self.cost, self.plan, self.links = instance.cost, instance.plan, instance.links
@@ -70,30 +72,46 @@ class Simulation:
         engine = config.engine
         self.heat_log = HeatLog(engine.kv_heat_interval_s) if engine.kv_heat else None
         instance.kv.reads_observer = self.heat_log
-        self.checks = Invariants(instance, cluster.fabric) if engine.check else None
-        if self.checks is not None:
-            instance.observers.append(self.checks)
-        instance.observers.extend(build(instance) for build in observers)
+        self.checks: list[Invariants] = []
+        routed = cluster.dispatcher.instance_of if cluster.dispatcher is not None else None
+        for i, (member, fabric) in enumerate(zip(cluster.instances, cluster.fabrics, strict=True)):
+            if engine.check:
+                checks = Invariants(member, fabric, routed)
+                checks.index = i
+                self.checks.append(checks)
+                member.observers.append(checks)
+            member.observers.extend(build(member) for build in observers)
 
     def run(self) -> RunResult:
         """Simulate until every request has finished or been rejected."""
         started = time.perf_counter()
         cluster = self.cluster
         end = cluster.run()
-        instance = cluster.instance
-        s, kv = instance.scheduler, instance.kv
-        requests = request_frame(
-            cluster.requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
-            s.reject_reason,
-        )  # fmt: skip
-        timeline = kv.prefetch.extend_timeline(instance.timeline.to_frame())  # prefetch columns
-        summary = summarize(requests, timeline, end)
-        summary.update(tier_summary(instance))
-        summary.update(kv.prefetch.summary())  # empty for prefetch: none
+        if cluster.dispatcher is None:
+            requests, timeline, summary = _one_instance(cluster.instance, cluster.requests, end)
+        else:
+            requests, timeline, summary = cluster_results(cluster, end)
         if cluster.requests.report is not None:
             summary["workload"] = cluster.requests.report.as_dict()
         summary["wall_time_s"] = time.perf_counter() - started
         kv_heat = self.heat_log.frame() if self.heat_log is not None else None
-        if self.checks is not None:
-            self.checks.run_ended(requests)
-        return RunResult(cluster.config, instance.plan, requests, timeline, summary, kv_heat)
+        for checks in self.checks:
+            checks.run_ended(requests)
+        if self.checks and cluster.dispatcher is not None:
+            check_cluster(cluster)
+        return RunResult(cluster.config, self.plan, requests, timeline, summary, kv_heat)
+
+
+def _one_instance(
+    instance: Instance, requests: Requests, end: float
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The requests, timeline and summary of a run of one instance (no ``cluster`` key)."""
+    s, kv = instance.scheduler, instance.kv
+    frame = request_frame(
+        requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions, s.reject_reason
+    )
+    timeline = kv.prefetch.extend_timeline(instance.timeline.to_frame())  # prefetch columns
+    summary = summarize(frame, timeline, end)
+    summary.update(tier_summary([instance]))
+    summary.update(kv.prefetch.summary())  # empty for prefetch: none
+    return frame, timeline, summary

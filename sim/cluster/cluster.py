@@ -1,49 +1,126 @@
-"""A cluster: instances on one host fabric, fed by one arrival feed. ``kvsim run`` builds a
-cluster of one instance, which gives exactly the single-engine results."""
+"""A cluster: instances on one clock, each on its own host (links, DRAM/SSD, block table),
+fed by one arrival feed through a router, sharing the cluster's KV pool if it has one.
+``kvsim run`` without a ``cluster`` key builds a cluster of one instance fed directly, which
+gives exactly the single-engine results."""
 
 from __future__ import annotations
 
+import numpy as np
+import simpy
+
+from policies.registry import make_eviction, make_router
+from sim.cluster.dispatch import Dispatcher
 from sim.cluster.feed import ArrivalFeed
-from sim.config.run import RunConfig
+from sim.config.cluster import ClusterConfig
+from sim.config.run import Member, RunConfig
 from sim.cost import cost_model_for
 from sim.instance.instance import Instance
 from sim.kv.pools import HostPool, host_pool
 from sim.kv.prefix import hashed_block_counts, lost_block_cost
+from sim.kv.remote import KvPoolStore, RemoteKv
 from sim.memory.fabric import Fabric
 from sim.memory.hbm_plan import plan_hbm
+from sim.memory.links import Link
 from sim.workload.requests import Requests
+
+ROUTER_STREAM = 0x726F75  # the router's random stream, apart from the others
 
 
 class Cluster:
-    """The fabric (clock, links, block table), the host's KV pool, the instances, the feed."""
+    """The clock, the instances (``instances``; ``instance`` is the first), their hosts
+    (``fabrics``), the feed, and with a ``cluster`` key the router's dispatcher and the pool."""
 
     def __init__(self, config: RunConfig, requests: Requests):
         self.config, self.requests = config, requests
-        cost = cost_model_for(config)  # start-up refusals first: a table, a model too large
+        self.members: list[Member] = config.members()
+        self.env = simpy.Environment()
+        spec = config.cluster
+        self.pool = _pool_store(self.env, spec, self.members[0].config) if spec else None
+        self.fabrics: list[Fabric] = []
+        self.hosts: list[HostPool] = []
+        self.instances = [self._instance(m, len(self.members) > 1) for m in self.members]
+        self.instance = self.instances[0]
+        self.fabric = self.fabrics[0]
+        self.dispatcher: Dispatcher | None = None
+        target: Dispatcher | Instance = self.instance
+        if spec is not None:
+            rng = np.random.default_rng([config.seed, ROUTER_STREAM])
+            router = make_router(spec.router.spec, rng)
+            self.dispatcher = Dispatcher(
+                self.instances, router, requests, spec.router.signal_interval
+            )
+            target = self.dispatcher
+        self.feed = ArrivalFeed(self.env, requests.arrival_s, target)
+        for instance in self.instances:
+            instance.arrivals = self.feed
+
+    def _instance(self, member: Member, shared: bool) -> Instance:
+        """One member's host and instance (start-up refusals first: a table, a model too
+        large). Instances that share a clock with others take no step ahead of it."""
+        config = member.config
+        if shared:
+            engine = config.engine.model_copy(update={"decode_runs": False})
+            config = config.model_copy(update={"engine": engine})
+        cost = cost_model_for(config)
         plan = plan_hbm(config, cost)
-        self.fabric = Fabric(config.hardware)
-        self.host: HostPool = host_pool(config, self.fabric.table, self._lost_cost())
-        self.instance = Instance(config, requests, self.fabric, self.host, cost, plan, gpu=0)
-        self.instances = [self.instance]
-        self.feed = ArrivalFeed(self.fabric.env, requests.arrival_s, self.instance)
-        self.instance.arrivals = self.feed
+        fabric = Fabric(config.hardware, env=self.env)
+        host = host_pool(config, fabric.table, self._lost_cost(config, fabric))
+        remote = None
+        spec = self.config.cluster
+        if spec is not None:
+            fabric.nic = _nic(self.env, spec, member.index)
+            if self.pool is not None:
+                remote = RemoteKv(self.env, self.pool, *fabric.nic, now=lambda: self.env.now)
+        self.fabrics.append(fabric)
+        self.hosts.append(host)
+        return Instance(config, self.requests, fabric, host, cost, plan, gpu=0, remote=remote)
 
-    def _lost_cost(self):
+    def _lost_cost(self, config: RunConfig, fabric: Fabric):
         """What losing a block from the host's tiers costs (cost-aware eviction policies)."""
-        counts = hashed_block_counts(self.requests, self.config.kv.prefix_caching)
-        return lost_block_cost(self.fabric.table, counts, self.config.engine.block_tokens)
+        counts = hashed_block_counts(self.requests, config.kv.prefix_caching)
+        return lost_block_cost(fabric.table, counts, config.engine.block_tokens)
 
-    def start(self):
-        """Start the feed and the instances' step loops; the process that ends with them."""
-        env = self.fabric.env
-        env.process(self.feed.process())
-        return env.process(self.instance.steps())
+    def start(self) -> simpy.Event:
+        """Start the feed and the instances' step loops; the event that fires when all end."""
+        env = self.env
+        feed = env.process(self.feed.process())
+        if self.dispatcher is not None:  # idle instances learn that no request is left
+            feed.callbacks.append(lambda _: [i.wake() for i in self.instances])
+        loops = [env.process(instance.steps()) for instance in self.instances]
+        return loops[0] if len(loops) == 1 else simpy.AllOf(env, loops)
 
     def run(self) -> float:
         """Simulate until every request has finished or been rejected; the time it ended
         (asynchronous copies, such as write-through, drain after it)."""
-        env = self.fabric.env
+        env = self.env
         env.run(self.start())
         end = env.now
         env.run()
         return end
+
+
+def _nic(env: simpy.Environment, spec: ClusterConfig, index: int) -> tuple[Link, Link]:
+    """Instance ``index``'s NIC: (in, out), each ``cluster.network``'s bandwidth."""
+    net = spec.network
+    return (
+        Link(env, f"nic_in{index}", net.bandwidth, net.latency),
+        Link(env, f"nic_out{index}", net.bandwidth, net.latency),
+    )
+
+
+def _pool_store(
+    env: simpy.Environment, spec: ClusterConfig, config: RunConfig
+) -> KvPoolStore | None:
+    """The cluster's KV pool (``cluster.kv_pool``), in blocks of the instances' format."""
+    pool = spec.kv_pool
+    if pool is None:
+        return None
+    block_bytes = config.tier_block_bytes("dram")
+    capacity = int(pool.capacity // block_bytes)
+    policy = make_eviction(
+        pool.eviction,
+        capacity=max(capacity, 1),
+        rng=np.random.default_rng([config.seed, 3]),
+        cost=lambda slot: float(config.engine.block_tokens),
+    )
+    return KvPoolStore(capacity, block_bytes, policy, Link(env, "kv_pool", pool.bandwidth))

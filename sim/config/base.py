@@ -3,8 +3,9 @@ plausible range of each kind of physical quantity (:data:`PLAUSIBLE`)."""
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -120,3 +121,14 @@ PLAUSIBLE: dict[str, Plausible] = {p.kind: p for p in _RANGES}
 def plausible(kind: str) -> WrapValidator:
     """The validator that holds a unit-typed field to the range of ``kind`` (:data:`PLAUSIBLE`)."""
     return WrapValidator(PLAUSIBLE[kind].check)
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on top, recursively for nested mappings."""
+    merged = dict(copy.deepcopy(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sim.config.base import deep_merge
 from sim.config.errors import config_error, suggest
 from sim.config.hardware import HardwareSpec
 from sim.config.model import ModelSpec
@@ -98,17 +99,6 @@ def load_profile(section: str, name: str) -> dict[str, Any]:
     return data
 
 
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over`` laid on top, recursively for nested mappings."""
-    merged = dict(copy.deepcopy(base))
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def resolve_profile(section: str, value: Any) -> Any:
     """A profile name, or ``{profile: NAME, ...overrides}``, becomes the full mapping."""
     if isinstance(value, str):
@@ -160,9 +150,22 @@ def build_config(data: Any, source: str = "<config>", overrides: Iterable[str] =
         for section in PROFILE_PACKAGES:
             if section in data:
                 data[section] = resolve_profile(section, data[section])
+        _resolve_group_hardware(data)
     except ConfigError as error:
         raise error.at(source) from None
     return validate(RunConfig, data, source)
+
+
+def _resolve_group_hardware(data: dict[str, Any]) -> None:
+    """Each cluster group's ``hardware`` profile name (or ``{profile: ...}``) as a mapping."""
+    cluster = data.get("cluster")
+    groups = cluster.get("groups") if isinstance(cluster, dict) else None
+    for i, group in enumerate(groups if isinstance(groups, list) else []):
+        if isinstance(group, dict) and group.get("hardware") is not None:
+            try:
+                group["hardware"] = resolve_profile("hardware", group["hardware"])
+            except ConfigError as error:
+                raise ConfigError(error.message, key=f"cluster.groups.{i}.hardware") from None
 
 
 EXPECTED_MAPPING = (

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from sim.config.base import DTYPE_BYTES, Strict
-from sim.config.errors import KeyedValueError
+from sim.config.base import DTYPE_BYTES, Strict, deep_merge
+from sim.config.cluster import ClusterConfig, Group
+from sim.config.errors import KeyedValueError, config_error
 from sim.config.hardware import HardwareSpec
 from sim.config.kv import KvConfig
 from sim.config.model import ModelSpec
@@ -41,6 +43,46 @@ class RunConfig(Strict):
     workload: WorkloadConfig
     engine: EngineConfig = EngineConfig()
     kv: KvConfig = KvConfig()
+    cluster: ClusterConfig | None = None
+
+    @model_validator(mode="after")
+    def _members_valid(self) -> RunConfig:
+        if self.cluster is not None:
+            members = self.members()  # each group's overrides validate here, at load
+            if self.cluster.kv_pool is not None:
+                _one_block_format(members)
+                if not all(m.config.kv.prefix_caching for m in members):
+                    raise KeyedValueError(
+                        "cluster.kv_pool",
+                        "the KV pool finds blocks by prefix hash: it needs kv.prefix_caching: "
+                        "true on every instance",
+                    )
+        return self
+
+    def members(self) -> list[Member]:
+        """The cluster's instances in order (one, this run's, without a ``cluster`` key)."""
+        cluster = self.cluster
+        if cluster is None or cluster.groups is None:
+            count = cluster.size if cluster is not None else 1
+            return [Member(i, "", self.model_copy(update={"cluster": None})) for i in range(count)]
+        out: list[Member] = []
+        for g, group in enumerate(cluster.groups):
+            config = self._for_group(group, f"cluster.groups.{g}")
+            out += [Member(len(out) + i, group.name, config) for i in range(group.count)]
+        return out
+
+    def _for_group(self, group: Group, key: str) -> RunConfig:
+        """This run with ``group``'s hardware, engine and kv laid over its own."""
+        sections: dict[str, Any] = {"hardware": group.hardware or self.hardware}
+        for name, over in (("engine", group.engine), ("kv", group.kv)):
+            base = getattr(self, name).model_dump(exclude_unset=True)
+            try:
+                sections[name] = type(getattr(self, name)).model_validate(deep_merge(base, over))
+            except ValidationError as error:
+                message = config_error(type(getattr(self, name)), error, "").message
+                raise ValueError(message.replace("key '", f"key '{key}.{name}.")) from None
+        fields = {name: getattr(self, name) for name in ("seed", "model", "workload")}
+        return RunConfig.model_validate({**fields, **sections})
 
     @model_validator(mode="after")
     def _coherent_link_for_direct_read(self) -> RunConfig:
@@ -83,3 +125,23 @@ class RunConfig(Strict):
     def block_bytes(self) -> float:
         """Bytes of one KV block in HBM."""
         return self.tier_block_bytes("hbm")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One instance of a cluster: its index, its group's name and its own run config."""
+
+    index: int
+    group: str
+    config: RunConfig
+
+
+def _one_block_format(members: list[Member]) -> None:
+    """A KV pool shares blocks by prefix hash: every instance must write the same blocks."""
+    formats = {(m.config.engine.block_tokens, m.config.tier_block_bytes("dram")) for m in members}
+    if len(formats) > 1:
+        raise KeyedValueError(
+            "kv_pool",
+            "the instances' KV blocks differ (engine.block_tokens or the KV dtype), so they "
+            f"cannot share a pool: {sorted(formats)}; expected one (block_tokens, bytes)",
+        )

@@ -20,6 +20,7 @@ from sim.instance.timeline import LinkMarks, Timeline, memory_columns, step_row
 from sim.kv.clock import PlanClock
 from sim.kv.manager import KvManager
 from sim.kv.pools import HostPool
+from sim.kv.remote import RemoteKv
 from sim.memory.fabric import Fabric
 from sim.memory.hbm_plan import HbmPlan
 from sim.workload.requests import Requests
@@ -32,7 +33,7 @@ class Instance:
 
     def __init__(
         self, config: RunConfig, requests: Requests, fabric: Fabric, host: HostPool,
-        cost: CostModel, plan: HbmPlan, gpu: int = 0,
+        cost: CostModel, plan: HbmPlan, gpu: int = 0, remote: RemoteKv | None = None,
     ):  # fmt: skip
         self.config = config
         self.requests = requests
@@ -43,7 +44,7 @@ class Instance:
         rng = np.random.default_rng([config.seed, ACCESS_STREAM])
         self.kv = KvManager(
             config, requests, self.clock, self.links, fabric.table, host,
-            self.plan.pool_blocks, rng,
+            self.plan.pool_blocks, rng, remote,
         )  # fmt: skip
         self.scheduler = Scheduler(config.engine, requests, self.kv)
         self.timeline = Timeline()

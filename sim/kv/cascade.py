@@ -9,6 +9,8 @@ is dropped from the block table. The mode's hooks say what else a victim means
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from sim.kv.clock import PlanClock
@@ -33,6 +35,7 @@ class Cascade:
         self.mode: ModeRules
         self.home: Tier  # the mode's home tier
         self.prefetch: PrefetchHooks
+        self.on_lost: Callable[[np.ndarray], None] | None = None  # hashes of lost cached blocks
 
     def below(self, tier: Tier) -> Tier | None:
         """Where ``tier``'s eviction victims are copied (None: they are lost)."""
@@ -81,6 +84,8 @@ class Cascade:
             self.copies.add(link, below.block_bytes, blocking=tier.index == HBM)
         where = t.where
         if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
+            if self.on_lost is not None and t.hash[b]:
+                self.on_lost(t.hash[b : b + 1])
             t.drop(b)
 
     def demote_many(self, victims: list[int], tier: Tier) -> None:
@@ -131,4 +136,8 @@ class Cascade:
         where = t.where
         gone = ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids]) & (t.ref[ids] == 0)
         if gone.any():
-            t.drop_many(ids[gone])
+            lost = ids[gone]
+            if self.on_lost is not None:
+                hashes = t.hash[lost]
+                self.on_lost(hashes[hashes != 0])
+            t.drop_many(lost)

@@ -19,6 +19,8 @@ class PrefixLoads:
         self.kv = kv
         self.in_flight = 0
         self.admitted = np.zeros(len(kv.held), dtype=bool)  # took a prefix once
+        # the farthest tier a request's first prefix hit read from (-1: none; 3: the pool)
+        self.farthest = np.full(len(kv.held), -1, dtype=np.int8)
 
     def take(self, rid: int, hits: PrefixHits) -> bool:
         """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
@@ -33,15 +35,17 @@ class PrefixLoads:
         for b in loads:
             home.add(b, now, evictable=False)
         kv.blocks[rid] = hits.blocks.tolist()
+        waits: list[simpy.Event] = []
+        if hits.remote:
+            waits.append(self._fetch_remote(rid, hits))
         kv.held[rid] = len(hits)
         kv.index.registered[rid] = len(hits)
         c.prefix_hit_tokens += len(hits) * kv.bt
-        waits: list[simpy.Event] = []
         if kv.prefetch.active:
             kv.prefetch.admitted(rid, float(kv.arrival_s[rid]))
             in_hbm = hits.blocks[t.where[HBM, hits.blocks]].tolist()
             kv.prefetch.used(in_hbm)
-            waits = kv.prefetch.waits(in_hbm)  # staged copies still on their way
+            waits += kv.prefetch.waits(in_hbm)  # staged copies still on their way
         if loads or waits:
             self.in_flight += 1
             kv.env.process(self._load(rid, loads, on_ssd, sources, waits))
@@ -63,9 +67,27 @@ class PrefixLoads:
             return
         self.admitted[rid] = True
         c.reuse_lookup_blocks += lookups
-        if len(hits):
+        c.reuse_pool_hits += hits.remote
+        if len(hits.blocks):
             for i, n in enumerate(np.bincount(hits.tiers, minlength=len(c.hits)).tolist()):
                 c.reuse_hits[i] += n
+        if len(hits):
+            self.farthest[rid] = 3 if hits.remote else int(hits.tiers.max())
+
+    def _fetch_remote(self, rid: int, hits: PrefixHits) -> simpy.Event:
+        """Blocks of ``rid`` for the ``hits.remote`` hashes the pool holds after its own hits:
+        new blocks at home, findable under their hashes, filled over the NIC (the event)."""
+        kv, own, k = self.kv, len(hits.blocks), hits.remote
+        assert kv.remote is not None
+        hashes = kv.index.hashes[rid][own : own + k]
+        kv.cascade.make_room(kv.home, k)
+        heat = kv.access.initial_heat() if k == 1 else kv.access.initial_heats(k)
+        ids = kv.table.new_many(rid, own, heat)
+        kv.home.add_pinned(ids)
+        kv.table.register_many(ids, hashes)
+        kv.blocks[rid].extend(ids)
+        kv.counters.pool_hits += k
+        return kv.remote.fetch(hashes)
 
     def _reference(self, hits: PrefixHits) -> list[int]:
         """Count and reference the hit blocks, pin those at home; returns the others.

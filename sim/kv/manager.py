@@ -28,6 +28,7 @@ from sim.kv.pools import HostPool, hbm_pool
 from sim.kv.prefetch import Prefetcher
 from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
+from sim.kv.remote import RemoteKv
 from sim.kv.swap import SwapSpace
 from sim.memory.blocks import DRAM, HBM, BlockTable
 from sim.memory.links import Links
@@ -45,8 +46,10 @@ class KvManager:
     def __init__(
         self, config: RunConfig, requests: Requests, clock: PlanClock, links: Links,
         table: BlockTable, host: HostPool, hbm_blocks: int, rng: np.random.Generator,
+        remote: RemoteKv | None = None,
     ):  # fmt: skip
         kv = config.kv
+        self.remote = remote  # the cluster's KV pool, if it has one
         self.config, self.clock, self.links, self.table = config, clock, links, table
         self.env = clock.env
         self.bt = config.engine.block_tokens
@@ -76,6 +79,8 @@ class KvManager:
         self.prefetch = Prefetcher(self, kv.prefetch, requests.session)
         self.cascade.mode, self.cascade.prefetch = self.mode, self.prefetch
         self.cascade.home = self.home
+        if remote is not None and kv.write_policy == "write_back":
+            self.cascade.on_lost = remote.put  # blocks the instance loses go to the pool
         self.step_reads = np.zeros(0, dtype=np.int64)  # blocks the current step reads (pinned)
         self.reads_observer: ReadsObserver | None = None  # the heat log, if one is kept
 
@@ -195,13 +200,34 @@ class KvManager:
     # --- prefix hits ------------------------------------------------------------------------
 
     def match(self, rid: int) -> PrefixHits:
-        """The longest cached prefix of ``rid``'s prompt (one token left over)."""
-        return self.index.match(rid)
+        """The longest cached prefix of ``rid``'s prompt (one token left over): in this
+        instance's tiers, then in the cluster's KV pool."""
+        hits = self.index.match(rid)
+        if self.remote is None or not self.prefix:
+            return hits
+        own, limit = len(hits.blocks), self.index.lookup_blocks(rid)
+        more = self.remote.leading(self.index.hashes[rid][own:limit])
+        return PrefixHits(hits.blocks, hits.tiers, more) if more else hits
+
+    def prefix_tiers(self, hashes: np.ndarray) -> np.ndarray:
+        """The tier (0 HBM, 1 DRAM, 2 SSD, 3 the pool) of each leading block of ``hashes``
+        this instance can read, up to the first it cannot (what a router sees)."""
+        ids = list(map(self.table.index.get, hashes.tolist()))
+        if None in ids:
+            del ids[ids.index(None) :]
+        where = self.table.where[: self.mode.lookup_tiers, np.asarray(ids, dtype=np.int64)]
+        present = where.any(axis=0)
+        cut = len(ids) if present.all() else int(np.argmin(present))
+        tiers = np.argmax(where[:, :cut], axis=0).astype(np.int8)
+        if self.remote is None:
+            return tiers
+        more = self.remote.leading(hashes[cut:])
+        return np.concatenate((tiers, np.full(more, 3, dtype=np.int8)))
 
     def admission_cost(self, rid: int, hits: PrefixHits, tokens: int) -> int:
         """Home-tier blocks admitting ``rid`` with ``hits`` and ``tokens`` computed would take."""
-        new = max(-(-tokens // self.bt) - len(hits), 0)
-        if not len(hits):
+        new = max(-(-tokens // self.bt) - len(hits), 0) + hits.remote
+        if not len(hits.blocks):
             return new
         ids, home = hits.blocks, self.home
         taken = len(home.evictable.intersection(ids.tolist()))  # (a prefix's are distinct)
@@ -219,8 +245,11 @@ class KvManager:
         blocks = self.blocks[rid]
         span = self.index.newly_full(rid, len(blocks), computed)
         if span is not None:
-            self.mode.register(blocks, self.index.hashes[rid], *span)
+            hashes = self.index.hashes[rid]
+            self.mode.register(blocks, hashes, *span)
             self.index.registered[rid] = span[1]
+            if self.remote is not None and self.config.kv.write_policy == "write_through":
+                self.remote.put(hashes[span[0] : span[1]])
 
     def register_full(self, ids: np.ndarray, computed: np.ndarray) -> None:
         """:meth:`register` the requests ``ids`` (with ``computed`` tokens in KV) that have a

@@ -17,6 +17,7 @@ from sim.kv.copies import CopyQueue
 from sim.kv.hooks import ModeRules, PrefetchHooks
 from sim.kv.prefix import PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings
+from sim.kv.remote import RemoteKv
 from sim.memory.blocks import BlockTable
 from sim.memory.links import Links
 from sim.memory.tiers import Tier
@@ -29,7 +30,9 @@ class Counters:
     ``lookup_blocks`` and ``hits`` (per tier) count every admission's prefix lookup;
     ``reuse_lookup_blocks`` and ``reuse_hits`` a request's first admission only (blocks other
     requests wrote); ``rehit_blocks`` the hits of its later admissions (after a recompute
-    preemption): ``sum(hits) == sum(reuse_hits) + rehit_blocks``.
+    preemption): ``sum(hits) == sum(reuse_hits) + rehit_blocks`` (``hits`` and ``reuse_hits``
+    taken with ``pool_hits`` and ``reuse_pool_hits``, the blocks fetched from the cluster's
+    KV pool).
     """
 
     lookup_blocks: int = 0
@@ -38,6 +41,8 @@ class Counters:
     reuse_lookup_blocks: int = 0
     reuse_hits: list[int] = field(default_factory=lambda: [0, 0, 0])
     rehit_blocks: int = 0
+    pool_hits: int = 0
+    reuse_pool_hits: int = 0
     access_blocks: int = 0
     access_hbm_hits: int = 0
     swaps: int = 0
@@ -67,6 +72,7 @@ class KvParts(Protocol):
     step_reads: np.ndarray
     arrival_s: np.ndarray
     on_loaded: Callable[[int], None]
+    remote: RemoteKv | None
 
     @property
     def now(self) -> float: ...

@@ -16,13 +16,15 @@ PREFIX_MEMO = 64  # requests whose prefix lookups are memoised
 
 @dataclass(frozen=True, eq=False)
 class PrefixHits:
-    """A prompt's longest cached prefix: its blocks in order, and the tier each is read from."""
+    """A prompt's longest cached prefix: its blocks in order, and the tier each is read from;
+    ``remote``: blocks the cluster's KV pool holds after those (fetched on admission)."""
 
     blocks: np.ndarray
     tiers: np.ndarray
+    remote: int = 0
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        return len(self.blocks) + self.remote
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """(block, tier) pairs."""

@@ -25,6 +25,7 @@ class Fabric:
     env: simpy.Environment = field(default_factory=simpy.Environment)
     table: BlockTable = field(default_factory=BlockTable)
     gpu_links: list[Links] = field(default_factory=list)
+    nic: tuple[Link, Link] | None = None  # the host's NIC (in, out), in a cluster
 
     def links_for(self, gpu: int) -> Links:
         """GPU ``gpu``'s host links (made on first use, in order of the GPUs)."""
@@ -33,5 +34,6 @@ class Fabric:
         return self.gpu_links[gpu]
 
     def all_links(self) -> list[Link]:
-        """Every link of every GPU."""
-        return [link for links in self.gpu_links for link in links.all()]
+        """Every link of every GPU, and the NIC's."""
+        own = [link for links in self.gpu_links for link in links.all()]
+        return own + list(self.nic or ())

@@ -50,9 +50,11 @@ class Invariants:
     """The checks of one instance's run: an observer of its steps (:meth:`step_ended`), and
     of the run's end (:meth:`run_ended`, called by ``sim.run``)."""
 
-    def __init__(self, instance: Instance, fabric: Fabric):
+    def __init__(self, instance: Instance, fabric: Fabric, routed: np.ndarray | None = None):
         self.instance = instance
         self.fabric = fabric
+        self.routed = routed  # in a cluster: each request's instance (the router's choice)
+        self.index = 0  # this instance's index in the cluster
         self.step = 0
 
     def fail(self, rule: str, state: str) -> NoReturn:
@@ -225,7 +227,17 @@ class Invariants:
         """Every request finished or rejected with a reason; nothing held; links drained."""
         instance = self.instance
         s, kv = instance.scheduler, instance.kv
-        ended = (s.status == FINISHED) | (s.status == REJECTED)
+        here = np.ones(len(s.status), dtype=bool)
+        if self.routed is not None:
+            here = self.routed == self.index
+            elsewhere = np.flatnonzero(~here & (s.status != 0))
+            if len(elsewhere):
+                self.fail(
+                    "a request routed elsewhere ran here",
+                    f"request #{int(elsewhere[0])} (routed to {int(self.routed[elsewhere[0]])})",
+                )
+            requests = requests[requests.instance == self.index]
+        ended = ((s.status == FINISHED) | (s.status == REJECTED)) | ~here
         if not ended.all():
             rid = int(np.flatnonzero(~ended)[0])
             self.fail(

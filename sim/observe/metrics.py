@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from sim.instance.instance import Instance
+from sim.kv.parts import Counters
 from sim.memory.blocks import DRAM, HBM, SSD
 from sim.workload.requests import Requests
 
@@ -145,11 +147,19 @@ def _time_mean(starts: np.ndarray, values: np.ndarray, a: float, b: float) -> fl
     return float(values @ overlap) / (b - a)
 
 
-def tier_summary(instance: Instance) -> dict:
-    """The summary's hit rates, link bytes, stalls and swaps of one instance."""
-    c, links, bt = instance.kv.counters, instance.links, instance.kv.bt
+def tier_summary(instances: Sequence[Instance], pool: bool = False) -> dict:
+    """The summary's hit rates, link bytes, stalls and swaps over ``instances`` (one, or a
+    cluster's: counts summed); ``pool``: with the KV pool's hit rates."""
+    c = Counters()
+    for instance in instances:
+        _add_counts(c, instance.kv.counters)
+    bt = instances[0].kv.bt
     lookups, reuse = max(c.lookup_blocks, 1), max(c.reuse_lookup_blocks, 1)
-    return {
+
+    def delivered(name: str) -> float:
+        return sum(getattr(i.links, name).bytes_delivered for i in instances)
+
+    summary = {
         "hbm_hit_rate": c.hits[HBM] / lookups,
         "dram_hit_rate": c.hits[DRAM] / lookups,
         "ssd_hit_rate": c.hits[SSD] / lookups,
@@ -159,14 +169,28 @@ def tier_summary(instance: Instance) -> dict:
         "dram_reuse_hit_rate": c.reuse_hits[DRAM] / reuse,
         "ssd_reuse_hit_rate": c.reuse_hits[SSD] / reuse,
         "prefix_reuse_lookup_blocks": c.reuse_lookup_blocks,
-        "prefix_reuse_hit_tokens": sum(c.reuse_hits) * bt,
+        "prefix_reuse_hit_tokens": (sum(c.reuse_hits) + c.reuse_pool_hits) * bt,
         "prefix_rehit_tokens": c.rehit_blocks * bt,
-        "recomputed_tokens": instance.scheduler.recomputed_tokens,
+        "recomputed_tokens": sum(i.scheduler.recomputed_tokens for i in instances),
         "hbm_access_hit_rate": c.access_hbm_hits / max(c.access_blocks, 1),
-        "h2d_bytes": links.h2d.bytes_delivered,
-        "d2h_bytes": links.d2h.bytes_delivered,
-        "ssd_read_bytes": links.ssd_read.bytes_delivered,
-        "ssd_write_bytes": links.ssd_write.bytes_delivered,
-        "stall_s": instance.stall_s,
+        "h2d_bytes": delivered("h2d"),
+        "d2h_bytes": delivered("d2h"),
+        "ssd_read_bytes": delivered("ssd_read"),
+        "ssd_write_bytes": delivered("ssd_write"),
+        "stall_s": sum(i.stall_s for i in instances),
         "swaps": c.swaps,
     }
+    if pool:
+        summary["pool_hit_rate"] = c.pool_hits / lookups
+        summary["pool_reuse_hit_rate"] = c.reuse_pool_hits / reuse
+    return summary
+
+
+def _add_counts(total: Counters, more: Counters) -> None:
+    """Add ``more``'s counts into ``total`` (per-tier lists element by element)."""
+    for name, value in vars(more).items():
+        mine = getattr(total, name)
+        if isinstance(value, list):
+            setattr(total, name, [a + b for a, b in zip(mine, value, strict=True)])
+        else:
+            setattr(total, name, mine + value)

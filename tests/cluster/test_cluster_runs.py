@@ -1,0 +1,152 @@
+"""Clusters: one instance reproduces the plain run; routing spreads requests as each router
+says; the KV pool serves blocks another instance wrote; the invariants hold across it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.config.loader import build_config
+from sim.errors import ConfigError
+from sim.run import simulate
+
+ROUTERS = ["round_robin", "random", "least_loaded", "session", "prefix_aware", "kv_aware", "weighted"]
+CLUSTER_ONLY = {"instances", "nic_in_bytes", "nic_out_bytes", "wall_time_s"}
+
+
+def chat(sessions: int = 40, rate: float = 2.0, **extra) -> dict:
+    """A multi-turn chat on Llama-3-8B / H100 (shared system prompts, growing histories)."""
+    return {
+        "seed": 3,
+        "model": "llama-3-8b",
+        "hardware": "h100-sxm",
+        "workload": {
+            "preset": "multi-turn-chat",
+            "num_sessions": sessions,
+            "session_arrival": {"kind": "poisson", "rate": rate},
+            "think_time": {"kind": "exponential", "mean": 2.0},
+        },
+        **extra,
+    }
+
+
+def run(data: dict, *sets: str):
+    return simulate(build_config(data, overrides=sets))
+
+
+@pytest.mark.parametrize("mode", ["hbm", "offload"])
+def test_a_cluster_of_one_is_the_plain_run(mode):
+    plain = run(chat(kv={"mode": mode}))
+    for router in ROUTERS:
+        one = run(chat(kv={"mode": mode}, cluster={"instances": 1, "router": {"kind": router}}))
+        requests = one.requests.drop(columns=["instance", "prefix_tier"])
+        pd.testing.assert_frame_equal(requests, plain.requests)
+        assert (one.requests.instance == 0).all()
+        timeline = one.timeline.drop(columns=["instance"])
+        pd.testing.assert_frame_equal(timeline, plain.timeline)
+        mine = {k: v for k, v in one.summary.items() if k not in CLUSTER_ONLY}
+        assert mine == {k: v for k, v in plain.summary.items() if k != "wall_time_s"}
+
+
+def test_round_robin_spreads_requests_evenly():
+    result = run(chat(cluster={"instances": 4, "router": {"kind": "round_robin"}}))
+    counts = result.requests.instance.value_counts().reindex(range(4), fill_value=0)
+    assert counts.max() - counts.min() <= 1
+    assert [i["requests"] for i in result.summary["instances"]] == counts.tolist()
+    assert sorted(result.timeline.instance.unique()) == [0, 1, 2, 3]
+
+
+def test_session_affinity_keeps_a_conversation_on_one_instance():
+    result = run(chat(cluster={"instances": 3, "router": {"kind": "session"}}))
+    sessions = build_config(chat()).workload  # (the frame has no session column: rebuild it)
+    assert sessions is not None
+    from sim.workload import build_requests
+
+    requests = build_requests(build_config(chat()).workload, 3, block_tokens=16)
+    per_session = pd.Series(result.requests.instance.to_numpy()).groupby(requests.session)
+    assert (per_session.nunique() == 1).all()
+
+
+def pool(capacity: str = "200GiB", **more) -> dict:
+    return {"kv_pool": {"capacity": capacity, "bandwidth": "200GB/s", **more}}
+
+
+def test_the_pool_serves_blocks_another_instance_wrote():
+    base = {"instances": 4, "router": {"kind": "round_robin"}}
+    without = run(chat(cluster=base))
+    with_pool = run(chat(cluster={**base, **pool()}, engine={"check": True}))
+    s = with_pool.summary
+    assert s["pool_hit_rate"] > 0
+    assert (with_pool.requests.prefix_tier == "pool").any()
+    assert s["ttft_p50_s"] < without.summary["ttft_p50_s"]
+    assert s["kv_pool_blocks"] > 0
+    # every byte in or out of the pool crossed some NIC
+    assert s["kv_pool_bytes_moved"] == pytest.approx(s["nic_in_bytes"] + s["nic_out_bytes"])
+    assert "pool_hit_rate" not in without.summary
+
+
+def test_write_back_puts_only_what_instances_lose():
+    base = {"instances": 2, "router": {"kind": "round_robin"}, **pool()}
+    through = run(chat(cluster=base))
+    back = run(chat(cluster=base, kv={"write_policy": "write_back"}, engine={"check": True}))
+    # an H100 holds the whole chat: write-back has little to put, write-through puts it all
+    assert back.summary["kv_pool_blocks_written"] < through.summary["kv_pool_blocks_written"]
+
+
+def test_heterogeneous_groups_take_their_overrides():
+    groups = [
+        {"name": "h100", "count": 1},
+        {"name": "a100", "count": 2, "hardware": "a100-80g-sxm", "engine": {"max_num_seqs": 4}},
+    ]
+    result = run(chat(cluster={"groups": groups, "router": {"kind": "least_loaded"}}))
+    instances = result.summary["instances"]
+    assert [i["group"] for i in instances] == ["h100", "a100", "a100"]
+    assert [i["hardware"] for i in instances] == ["h100-sxm", "a100-80g-sxm", "a100-80g-sxm"]
+    a100 = result.timeline[result.timeline.instance > 0]
+    assert a100.running.max() <= 4
+    assert result.timeline[result.timeline.instance == 0].running.max() > 4
+
+
+def test_checks_hold_across_a_cluster_with_a_pool_in_every_mode():
+    for mode in ("hbm", "offload", "dram_centric"):
+        cluster = {"instances": 3, "router": {"kind": "kv_aware"}, **pool("2GiB")}
+        result = run(chat(sessions=20, cluster=cluster, kv={"mode": mode}, engine={"check": True}))
+        assert result.summary["requests_finished"] == len(result.requests)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"instances": 2, "groups": [{"name": "a"}]}, "give instances or groups, not both"),
+        ({"router": {"kind": "kv_awar"}}, "did you mean 'kv_aware'"),
+        ({"router": {"kind": "kv_aware", "params": {"tempo": 1}}}, "unknown parameter 'tempo'"),
+        ({**pool(ssd_capacity="1TiB")}, "ssd_capacity"),
+        ({"groups": [{"name": "a", "engine": {"max_num_sex": 2}}]}, "did you mean 'max_num_seqs'"),
+        ({"groups": [{"name": "a"}, {"name": "a"}]}, "group name 'a' given twice"),
+        ({"instance": 2}, "did you mean 'instances'"),
+    ],
+)
+def test_bad_cluster_configs_are_refused_with_the_key(cluster, message):
+    with pytest.raises(ConfigError, match="cluster") as caught:
+        build_config(chat(cluster=cluster))
+    assert message in str(caught.value)
+
+
+def test_a_pool_needs_prefix_caching_and_one_block_format():
+    with pytest.raises(ConfigError, match="prefix_caching"):
+        build_config(chat(cluster={"instances": 2, **pool()}, kv={"prefix_caching": False}))
+    groups = [{"name": "a"}, {"name": "b", "kv": {"dtype": "fp8"}}]
+    with pytest.raises(ConfigError, match="cannot share a pool"):
+        build_config(chat(cluster={"groups": groups, **pool()}))
+
+
+def test_instances_share_no_block_table():
+    result = run(chat(cluster={"instances": 2, "router": {"kind": "round_robin"}}))
+    hits = result.summary["instances"]
+    # without a pool, each instance's hits are its own: the sum of their lookups is the total
+    total = sum(i["prefix_lookup_blocks"] for i in hits)
+    assert total == result.summary["prefix_lookup_blocks"]
+    assert np.isclose(
+        sum(i["prefix_hit_tokens"] for i in hits), result.summary["prefix_hit_tokens"]
+    )
