@@ -38,7 +38,10 @@ class Cluster:
         self.pool = _pool_store(self.env, spec, self.members[0].config) if spec else None
         self.fabrics: list[Fabric] = []
         self.hosts: list[HostPool] = []
-        self.instances = [self._instance(m, len(self.members) > 1) for m in self.members]
+        self.instances = [self._instance(m) for m in self.members]
+        if len(self.instances) > 1:
+            for instance in self.instances:
+                instance.decode_runs.bound_to_arrivals()
         self.instance = self.instances[0]
         self.fabric = self.fabrics[0]
         self.dispatcher: Dispatcher | None = None
@@ -54,11 +57,12 @@ class Cluster:
         for instance in self.instances:
             instance.arrivals = self.feed
 
-    def _instance(self, member: Member, shared: bool) -> Instance:
+    def _instance(self, member: Member) -> Instance:
         """One member's host and instance (start-up refusals first: a table, a model too
-        large). Instances that share a clock with others take no step ahead of it."""
+        large). With a KV pool, what one instance evicts or registers another can see at
+        once: none takes steps ahead of the clock (``engine.decode_runs`` off)."""
         config = member.config
-        if shared:
+        if self.pool is not None and len(self.members) > 1:
             engine = config.engine.model_copy(update={"decode_runs": False})
             config = config.model_copy(update={"engine": engine})
         cost = cost_model_for(config)

@@ -65,8 +65,22 @@ def format_summary(result: RunResult) -> str:
     cache = _hbm_cache_row(result)
     if cache is not None:
         rows = [cache if label == "KV pool" else (label, text) for label, text in rows]
+    rows += _cluster_rows(result.summary)
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _cluster_rows(summary: dict) -> list[tuple[str, str]]:
+    """A cluster's rows: requests per instance, the KV pool's hits, the NICs' bytes."""
+    instances = summary.get("instances")
+    if instances is None:
+        return []
+    counts = " / ".join(str(i["requests"]) for i in instances)
+    rows = [("instances", f"{len(instances)} (requests {counts})")]
+    if "pool_hit_rate" in summary:
+        rows.append(("cluster KV pool hits", f"{summary['pool_hit_rate']:.1%}"))
+    rows.append(("NIC in / out", _cell(summary, ("nic_in_bytes", "nic_out_bytes"), "bytes")))
+    return rows
 
 
 def check_schedulable(result: RunResult, source: str) -> None:

@@ -62,6 +62,15 @@ class DecodeRuns:
         # without prefix caching, a step at a time in plain Python (sim/instance/step_planner.py)
         by_step = self.enabled and steprun.applies(engine)
         self.planner = steprun.StepPlanner(engine, MAX_RUN_STEPS) if by_step else None
+        self.bounded = False  # in a cluster: only decode steps that end before any arrival
+
+    def bound_to_arrivals(self) -> None:
+        """Take only what no one can observe when a router looks at this instance at every
+        arrival in the cluster: decode steps that end before the next arrival (no admission,
+        no prefill, no step that an arrival falls in). The instance's state at each arrival
+        is then the normal loop's."""
+        self.bounded = True
+        self.planner = None
 
     def ready(self) -> bool:
         """Whether a run can start now."""
@@ -76,11 +85,11 @@ class DecodeRuns:
         if not len(s.running) or s.loading or kv.blocking:
             return None  # (in hbm mode no block copies are queued between steps)
         if s.waiting:
-            if kv.swapped or self._preempts():
+            if kv.swapped or self.bounded or self._preempts():
                 return None
             return ADMIT
         if not self._decoding():
-            return PREFILL
+            return None if self.bounded else PREFILL
         return DECODE if len(s.running) <= s.engine.max_batched_tokens else None
 
     def _decoding(self) -> bool:
@@ -158,7 +167,11 @@ class DecodeRuns:
         n = len(counts)
         short = counts > self.engine.kv.available - (counts.cumsum() - counts)  # would fail
         fits = int(short.argmax()) if short.any() else n
-        taken = min(int(times[:n].searchsorted(self.engine.arrivals.next_arrival_s)), fits)
+        arrival = self.engine.arrivals.next_arrival_s
+        if self.bounded:  # steps that end before it (an end at the arrival ties: not taken)
+            taken = min(int(times[1 : n + 1].searchsorted(arrival)), fits)
+        else:
+            taken = min(int(times[:n].searchsorted(arrival)), fits)
         if (taken < n and taken == fits) or taken == 0:
             log.last = True
         return taken

@@ -150,3 +150,35 @@ def test_instances_share_no_block_table():
     assert np.isclose(
         sum(i["prefix_hit_tokens"] for i in hits), result.summary["prefix_hit_tokens"]
     )
+
+
+def simulation(data: dict, *sets: str):
+    from sim.run import Simulation
+    from sim.workload import build_requests
+
+    config = build_config(data, overrides=sets)
+    requests = build_requests(config.workload, config.seed, block_tokens=16)
+    return Simulation(config, requests)
+
+
+@pytest.mark.parametrize(
+    ("router", "prefix"),
+    [("least_loaded", True), ("kv_aware", True), ("prefix_aware", False), ("random", False)],
+)
+def test_runs_ahead_in_a_cluster_change_nothing(router, prefix):
+    """Instances take decode steps ahead of the clock only where no arrival falls (the router
+    sees each instance's state at every arrival): the same tables as step by step."""
+    cluster = {"instances": 3, "router": {"kind": router, "signal_interval": 0.05}}
+    data = chat(cluster=cluster, kv={"prefix_caching": prefix})
+    ahead = simulation(data)
+    result = ahead.run()
+    assert sum(i.decode_runs.steps for i in ahead.cluster.instances) > 0
+    stepwise = run(data, "engine.decode_runs=false")
+    pd.testing.assert_frame_equal(result.requests, stepwise.requests)
+    pd.testing.assert_frame_equal(result.timeline, stepwise.timeline)
+
+
+def test_with_a_pool_no_instance_runs_ahead():
+    sim = simulation(chat(cluster={"instances": 2, **pool()}))
+    sim.run()
+    assert all(i.decode_runs.steps == 0 for i in sim.cluster.instances)
