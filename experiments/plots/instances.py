@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from experiments.plots.style import MAX_LINES
+from experiments.plots.style import MAX_LINES, MAX_PANELS
 from sim.errors import KvsimError
 
 INSTANCE = "instance"
@@ -47,4 +47,13 @@ def check_instances(count: int, path: object) -> None:
             f"{path}: {count} instances is more than the {MAX_LINES} lines a panel keeps "
             "distinguishable (one colour each); plot a run of at most 8 instances, or read "
             "timeline.parquet's waiting and running columns by instance"
+        )
+
+
+def check_facets(panels: int, runs: int) -> None:
+    """Refuse more panels than :data:`MAX_PANELS` where cluster runs' instances made them."""
+    if panels > MAX_PANELS and panels > runs:
+        raise KvsimError(
+            f"{panels} panels (one per instance of the cluster runs) is more than "
+            f"{MAX_PANELS}; plot one cluster run of at most {MAX_PANELS} instances"
         )

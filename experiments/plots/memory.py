@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.plots.instances import INSTANCE, by_instance, instance_label, is_cluster
+from experiments.plots.instances import (
+    INSTANCE,
+    by_instance,
+    check_facets,
+    instance_label,
+    is_cluster,
+)
 from experiments.plots.layout import Drawn, emit, finish
 from experiments.plots.sources import DEFAULTS, PlotOptions, Run, Source, runs
 from experiments.plots.style import GIB, color, panel_pairs, panels, plt, styled
@@ -146,6 +152,7 @@ def draw_hbm_pressure(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
         for run, table in zip(found, tables, strict=True)
         for instance, rows in by_instance(table)
     ]  # a panel per run, or per instance of a cluster run
+    check_facets(len(facets), len(found))
     with styled():
         if _wants_detail([rows for _, rows in facets], options.kv_detail):
             fig, axes, strips = panel_pairs(len(facets))

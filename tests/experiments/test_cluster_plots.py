@@ -101,12 +101,16 @@ def test_load_of_several_runs_is_a_row_each_and_refuses_too_many(plain_run, clus
         draw_load([plain_run] * 5)
 
 
-def test_load_refuses_more_instances_than_lines(plain_run, tmp_path) -> None:
+def test_refuses_more_instances_than_lines_or_panels(plain_run, tmp_path) -> None:
     timeline = pd.read_parquet(plain_run / "timeline.parquet")
     many = pd.concat([timeline.assign(instance=i) for i in range(9)], ignore_index=True)
     run = with_timeline(plain_run, tmp_path / "nine", many)
     with pytest.raises(KvsimError, match="9 instances is more than the 8 lines"):
         draw_load(run)
+    ten = pd.concat([timeline.assign(instance=i) for i in range(10)], ignore_index=True)
+    run = with_timeline(plain_run, tmp_path / "ten", ten)
+    with pytest.raises(KvsimError, match=r"10 panels \(one per instance of the cluster runs\) is"):
+        draw_hbm_pressure(run)
 
 
 def test_hbm_pressure_has_a_panel_per_instance(cluster_run) -> None:
