@@ -14,6 +14,7 @@ from experiments.plots.curves import draw_hit_rate, draw_throughput, plot_hit_ra
 from experiments.plots.heat import draw_heatmap, heatmap_data, plot_heatmap
 from experiments.plots.latency import draw_latency_cdf, latency_cdf_data, plot_latency_cdf
 from experiments.plots.layout import LEGENDS, Drawn, check_legend, parse_limits
+from experiments.plots.load import draw_load, load_data, plot_load
 from experiments.plots.memory import (
     HBM_PARTS,
     draw_hbm_pressure,
@@ -39,6 +40,7 @@ PLOTS: dict[str, Plot] = {
     "link": plot_link,
     "heatmap": plot_heatmap,
     "hit-rate-overlay": plot_hit_rate_overlay,
+    "load": plot_load,
 }
 DRAWS: dict[str, Draw] = {
     "hbm-pressure": draw_hbm_pressure,
@@ -48,6 +50,7 @@ DRAWS: dict[str, Draw] = {
     "link": draw_link,
     "heatmap": draw_heatmap,
     "hit-rate-overlay": draw_hit_rate_overlay,
+    "load": draw_load,
 }
 
 __all__ = [
@@ -66,18 +69,21 @@ __all__ = [
     "draw_hit_rate",
     "draw_latency_cdf",
     "draw_link",
+    "draw_load",
     "draw_throughput",
     "hbm_pressure_data",
     "heatmap_data",
     "hit_rate_data",
     "latency_cdf_data",
     "link_data",
+    "load_data",
     "parse_limits",
     "plot_hbm_pressure",
     "plot_heatmap",
     "plot_hit_rate",
     "plot_latency_cdf",
     "plot_link",
+    "plot_load",
     "plot_throughput",
     "throughput_data",
 ]

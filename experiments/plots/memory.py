@@ -1,5 +1,8 @@
 """Timeline figures, one panel per run: HBM pressure and host-link utilisation.
 
+A cluster run (a timeline with more than one ``instance``) gets one HBM pressure panel per
+instance.
+
 Where the KV is a sliver of HBM (a 70B model's weights leave a few GiB, or a light load
 fills little of a large pool), the HBM pressure panel gets a strip below it that draws the
 KV alone, to its own scale.
@@ -11,6 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.plots.instances import (
+    INSTANCE,
+    by_instance,
+    check_facets,
+    instance_label,
+    is_cluster,
+)
 from experiments.plots.layout import Drawn, emit, finish
 from experiments.plots.sources import DEFAULTS, PlotOptions, Run, Source, runs
 from experiments.plots.style import GIB, color, panel_pairs, panels, plt, styled
@@ -34,7 +44,8 @@ def _timeline(run_dir: str | Path) -> pd.DataFrame:
 
 
 def hbm_pressure_data(run_dir: str | Path) -> pd.DataFrame:
-    """The series the HBM pressure plot stacks: time and GiB of each part, capacity, pool.
+    """The series the HBM pressure plot stacks: time and GiB of each part, capacity, pool;
+    and ``instance`` where the timeline has more than one.
 
     Run files from before KV was split into running / cached / staging count all KV as
     running.
@@ -51,6 +62,8 @@ def hbm_pressure_data(run_dir: str | Path) -> pd.DataFrame:
         data[column] = timeline[column] / GIB
     data["capacity_gib"] = (timeline[parts].sum(axis=1) + timeline.hbm_free_bytes) / GIB
     data["kv_pool_gib"] = timeline.hbm_kv_pool_bytes / GIB
+    if is_cluster(timeline):
+        data[INSTANCE] = timeline[INSTANCE].astype("int64")
     return data
 
 
@@ -68,6 +81,8 @@ def _hbm_table(run: Run) -> pd.DataFrame:
     table["capacity_gib"] = data.capacity_gib
     table["kv_pool_gib"] = data.kv_pool_gib
     table["kv_pool_limit_gib"] = data.hbm_weights_bytes + data.hbm_reserve_bytes + data.kv_pool_gib
+    if INSTANCE in data:
+        table.insert(1, INSTANCE, data[INSTANCE])
     return table
 
 
@@ -127,22 +142,29 @@ def _kv_strip(ax: plt.Axes, top: plt.Axes, table: pd.DataFrame) -> None:
 
 
 def draw_hbm_pressure(source: Source, options: PlotOptions = DEFAULTS) -> Drawn:
-    """Stacked HBM use over time against capacity and the KV pool, one panel per run; a
-    strip below each zooms on the KV when it is a sliver of HBM (``options.kv_detail``)."""
+    """Stacked HBM use over time against capacity and the KV pool, one panel per run (per
+    instance of a cluster run); a strip below each zooms on the KV when it is a sliver of
+    HBM (``options.kv_detail``)."""
     found = runs(source, options)
     tables = [_hbm_table(run) for run in found]
-    single = len(found) == 1
+    facets = [
+        (instance_label(run.label, instance, len(found) == 1), rows)
+        for run, table in zip(found, tables, strict=True)
+        for instance, rows in by_instance(table)
+    ]  # a panel per run, or per instance of a cluster run
+    check_facets(len(facets), len(found))
     with styled():
-        if _wants_detail(tables, options.kv_detail):
-            fig, axes, strips = panel_pairs(len(found))
+        if _wants_detail([rows for _, rows in facets], options.kv_detail):
+            fig, axes, strips = panel_pairs(len(facets))
         else:
-            (fig, axes), strips = panels(len(found)), []
-        for i, (ax, run, table) in enumerate(zip(axes, found, tables, strict=True)):
-            _hbm_panel(ax, table, "" if single else run.label)
+            (fig, axes), strips = panels(len(facets)), []
+        for i, (ax, (label, rows)) in enumerate(zip(axes, facets, strict=True)):
+            _hbm_panel(ax, rows, label)
             if strips:
-                _kv_strip(strips[i], ax, table)
+                _kv_strip(strips[i], ax, rows)
         about = describe(run.path for run in found)
-        finish(fig, axes, options, joined(found[0].label, about) if single else about, strips)
+        title = joined(found[0].label, about) if len(found) == 1 else about
+        finish(fig, axes, options, title, strips)
     return Drawn(fig, axes, pd.concat(tables, ignore_index=True))
 
 

@@ -239,6 +239,29 @@ class DocumentsWorkload(Strict):
     system_prompt_tokens: int = Field(0, ge=0)
 
 
+class SharedContextWorkload(Strict):
+    """Multi-tenant queries on shared contexts: prompt = customer's context + user's session.
+
+    Each of ``customers`` customers has one long context (a document or system prompt) that
+    every query of its ``users_per_customer`` users starts with. Requests arrive by
+    ``arrival``; each picks a customer, Zipf-distributed with exponent ``zipf_s`` (0:
+    uniform; customer 0 is the most popular), and one of its users uniformly. A user's
+    requests form sessions of ``turns`` turns: a later turn's prompt carries the session's
+    earlier queries and answers after the context (1, the default: every query is new).
+    """
+
+    kind: Literal["shared_context"]
+    num_requests: int = Field(gt=0)
+    arrival: Arrival
+    customers: int = Field(gt=0)
+    users_per_customer: int = Field(gt=0)
+    context_tokens: LengthDist
+    query_tokens: LengthDist
+    output_tokens: LengthDist
+    turns: LengthDist = Field(1, validate_default=True)
+    zipf_s: float = Field(1.0, ge=0)
+
+
 # --- traces --------------------------------------------------------------------------------
 
 TraceFormat = Literal["mooncake", "azure", "burstgpt", "csv", "jsonl"]
@@ -336,7 +359,12 @@ def _expand_preset(value: Any) -> Any:
 
 
 _AnyWorkload = Annotated[
-    SyntheticWorkload | MultiTurnWorkload | DocumentsWorkload | TraceWorkload | FittedWorkload,
+    SyntheticWorkload
+    | MultiTurnWorkload
+    | DocumentsWorkload
+    | SharedContextWorkload
+    | TraceWorkload
+    | FittedWorkload,
     Field(discriminator="kind"),
 ]
 WorkloadConfig = Annotated[_AnyWorkload, BeforeValidator(_expand_preset)]

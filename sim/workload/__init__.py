@@ -16,6 +16,7 @@ from sim.workload.documents import generate_documents
 from sim.workload.fitted import generate_fitted
 from sim.workload.requests import LoadReport, Requests
 from sim.workload.sessions import generate_multi_turn
+from sim.workload.shared_context import generate_shared_context
 from sim.workload.synthetic import generate_synthetic
 from sim.workload.trace import load_trace_requests
 
@@ -25,6 +26,7 @@ BUILDERS: dict[str, Builder] = {
     "synthetic": generate_synthetic,
     "multi_turn": generate_multi_turn,
     "documents": generate_documents,
+    "shared_context": generate_shared_context,
     "trace": load_trace_requests,
     "fitted": generate_fitted,
 }

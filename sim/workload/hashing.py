@@ -26,6 +26,7 @@ SYSTEM = U64(3)
 SESSION = U64(4)
 DOCUMENT = U64(5)
 REQUEST = U64(6)
+CONTEXT = U64(7)  # a customer's shared context (shared_context)
 
 
 def as_u64(values: object) -> np.ndarray:
