@@ -53,6 +53,9 @@ def _flat(summary: dict, prefix: str = "") -> set[str]:
         keys.add(prefix + key)
         if isinstance(value, dict) and key != "rejected_reasons":
             keys |= _flat(value, f"{prefix}{key}.")
+        if key == "instances":  # a cluster's: beside its 4 own keys, each entry's are above
+            own = {"index", "group", "hardware", "requests"}
+            keys |= {k for entry in value for k in _flat(entry)} - own
     return keys
 
 
@@ -66,6 +69,8 @@ def runs(tmp_path_factory) -> list[Path]:
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     overrides = [[SMALL, *mode] for mode in MODES]
     overrides.append([f"workload={{kind: trace, format: mooncake, path: {trace}}}"])
+    pool = "{capacity: 1GiB, bandwidth: 100GB/s}"
+    overrides.append([SMALL, f"cluster={{instances: 2, kv_pool: {pool}}}"])
     out = []
     for i, sets in enumerate(overrides):
         result = simulate(load_config(QUICKSTART, sets))

@@ -182,3 +182,20 @@ def test_with_a_pool_no_instance_runs_ahead():
     sim = simulation(chat(cluster={"instances": 2, **pool()}))
     sim.run()
     assert all(i.decode_runs.steps == 0 for i in sim.cluster.instances)
+
+
+def test_a_router_sees_pool_blocks_as_the_pool_tier():
+    sim = simulation(chat(sessions=10, cluster={"instances": 2, **pool()}))
+    sim.run()
+    first, second = sim.cluster.instances
+    index, store = second.kv.table.index, sim.cluster.pool
+    assert store is not None
+    mine = np.flatnonzero(sim.cluster.dispatcher.instance_of == 0).tolist()
+    prompts = [first.kv.index.hashes[r] for r in mine]
+    # a prompt the first instance served that the second does not hold all of
+    hashes = next(h for h in prompts if not all(x in index for x in h.tolist()))
+    tiers = second.kv.prefix_tiers(hashes)
+    held = next(i for i, x in enumerate(hashes.tolist()) if x not in index)  # its own, HBM
+    assert (tiers[:held] == 0).all()
+    assert len(tiers) == held + store.leading(hashes[held:])
+    assert len(tiers) > held and (tiers[held:] == 3).all()
