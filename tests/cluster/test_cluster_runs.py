@@ -11,7 +11,9 @@ from sim.config.loader import build_config
 from sim.errors import ConfigError
 from sim.run import simulate
 
-ROUTERS = ["round_robin", "random", "least_loaded", "session", "prefix_aware", "kv_aware", "weighted"]
+ROUTERS = [
+    "round_robin", "random", "least_loaded", "session", "prefix_aware", "kv_aware", "weighted",
+]  # fmt: skip
 CLUSTER_ONLY = {"instances", "nic_in_bytes", "nic_out_bytes", "wall_time_s"}
 
 

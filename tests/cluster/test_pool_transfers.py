@@ -78,7 +78,7 @@ def test_a_put_is_found_only_once_it_has_landed_and_only_once():
 
 
 def test_a_full_pool_evicts_by_its_policy():
-    env, store, (a, _) = cluster(capacity=2)
+    _, store, (a, _) = cluster(capacity=2)
     store.insert([1, 2], 0.0)
     a.fetch(hashes(1))  # 1 read: with LRU, 2 goes first
     store.insert([3], 1.0)
