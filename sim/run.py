@@ -18,7 +18,7 @@ from sim.memory.hbm_plan import HbmPlan
 from sim.observe.cluster import check_cluster, cluster_results
 from sim.observe.heatlog import HeatLog
 from sim.observe.invariants import Invariants
-from sim.observe.metrics import request_frame, summarize, tier_summary
+from sim.observe.metrics import goodput, request_frame, summarize, tier_summary
 from sim.workload import build_requests
 from sim.workload.requests import Requests
 
@@ -91,6 +91,9 @@ class Simulation:
             requests, timeline, summary = _one_instance(cluster.instance, cluster.requests, end)
         else:
             requests, timeline, summary = cluster_results(cluster, end)
+        slo = cluster.config.metrics.slo
+        if slo is not None:
+            summary.update(goodput(requests, summary["sim_time_s"], slo.ttft, slo.tpot))
         if cluster.requests.report is not None:
             summary["workload"] = cluster.requests.report.as_dict()
         summary["wall_time_s"] = time.perf_counter() - started

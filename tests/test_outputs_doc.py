@@ -71,6 +71,7 @@ def runs(tmp_path_factory) -> list[Path]:
     overrides.append([f"workload={{kind: trace, format: mooncake, path: {trace}}}"])
     pool = "{capacity: 1GiB, bandwidth: 100GB/s}"
     overrides.append([SMALL, f"cluster={{instances: 2, kv_pool: {pool}}}"])
+    overrides[0].append("metrics={slo: {ttft: 1s, tpot: 50ms}}")
     out = []
     for i, sets in enumerate(overrides):
         result = simulate(load_config(QUICKSTART, sets))

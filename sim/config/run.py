@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from sim.config.base import DTYPE_BYTES, Strict, deep_merge
+from sim.config.base import DTYPE_BYTES, Seconds, Strict, deep_merge
 from sim.config.cluster import ClusterConfig, Group
 from sim.config.errors import KeyedValueError, config_error
 from sim.config.hardware import HardwareSpec
@@ -34,6 +34,19 @@ class EngineConfig(Strict):
     decode_runs: bool = True  # take steps that need no clock at once (sim/instance/runs.py)
 
 
+class Slo(Strict):
+    """Latency targets a request must meet to count as goodput (both, when both are given)."""
+
+    ttft: Seconds | None = None
+    tpot: Seconds | None = None
+
+
+class MetricsConfig(Strict):
+    """Figures computed beyond the defaults: ``slo`` adds goodput and SLO attainment."""
+
+    slo: Slo | None = None
+
+
 class RunConfig(Strict):
     """A whole run: seed, model, hardware, workload, engine and KV settings."""
 
@@ -44,6 +57,7 @@ class RunConfig(Strict):
     engine: EngineConfig = EngineConfig()
     kv: KvConfig = KvConfig()
     cluster: ClusterConfig | None = None
+    metrics: MetricsConfig = MetricsConfig()
 
     @model_validator(mode="after")
     def _members_valid(self) -> RunConfig:
@@ -81,7 +95,7 @@ class RunConfig(Strict):
             except ValidationError as error:
                 message = config_error(type(getattr(self, name)), error, "").message
                 raise ValueError(message.replace("key '", f"key '{key}.{name}.")) from None
-        fields = {name: getattr(self, name) for name in ("seed", "model", "workload")}
+        fields = {name: getattr(self, name) for name in ("seed", "model", "workload", "metrics")}
         return RunConfig.model_validate({**fields, **sections})
 
     @model_validator(mode="after")

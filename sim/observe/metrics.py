@@ -92,6 +92,25 @@ def summarize(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float)
     return summary
 
 
+def goodput(
+    requests: pd.DataFrame, sim_time_s: float, ttft: float | None, tpot: float | None
+) -> dict:
+    """Requests that finished within both targets (a missing target always holds; a request
+    with one output token has no TPOT and meets any): per second of simulated time
+    (``goodput_rps``) and as a share of all requests, rejected ones included
+    (``slo_attainment``)."""
+    met = (requests.status == "finished").to_numpy().copy()
+    if ttft is not None:
+        met &= (requests.ttft_s <= ttft).to_numpy()
+    if tpot is not None:
+        met &= (requests.tpot_s.isna() | (requests.tpot_s <= tpot)).to_numpy()
+    good = int(met.sum())
+    return {
+        "goodput_rps": good / sim_time_s if sim_time_s > 0 else None,
+        "slo_attainment": good / len(requests) if len(requests) else None,
+    }
+
+
 def decode_steps(timeline: pd.DataFrame) -> dict:
     """Step time of the decode-only steps (no prefill token in the batch): mean, p50, p99.
 
