@@ -37,9 +37,9 @@ def test_a_run_with_an_slo_reports_it_and_one_without_does_not():
     }  # fmt: skip
     plain = simulate(build_config(data)).summary
     assert "goodput_rps" not in plain
-    result = simulate(build_config({**data, "metrics": {"slo": {"ttft": "50ms"}}}))
+    result = simulate(build_config({**data, "metrics": {"slo": {"ttft": "25ms"}}}))
     r = result.requests
-    expected = int(((r.status == "finished") & (r.ttft_s <= 0.05)).sum())
+    expected = int(((r.status == "finished") & (r.ttft_s <= 0.025)).sum())
     assert 0 < expected < len(r)
     assert result.summary["goodput_rps"] == expected / result.summary["sim_time_s"]
     assert result.summary["slo_attainment"] == expected / len(r)
