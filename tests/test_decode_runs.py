@@ -458,11 +458,17 @@ def test_a_piece_starting_at_the_next_arrival_takes_no_step():
     runs.engine = SimpleNamespace(
         kv=SimpleNamespace(available=100), arrivals=SimpleNamespace(next_arrival_s=1.0)
     )
+    runs.bounded = False
     counts = np.zeros(3, dtype=np.int64)
     for start, taken, last in ((1.0, 0, True), (1.5, 0, True), (0.0, 1, False), (-9.0, 3, False)):
         log = RunLog(start)
         times = start + np.arange(4.0)  # steps of one second from ``start``
         assert runs._steps_taken(counts, times, log) == taken
+        assert log.last is last
+    runs.bounded = True  # in a cluster: steps that *end* before the arrival (a tie is not)
+    for start, taken, last in ((0.0, 0, True), (-0.5, 1, False), (-9.0, 3, False)):
+        log = RunLog(start)
+        assert runs._steps_taken(counts, start + np.arange(4.0), log) == taken
         assert log.last is last
 
 
