@@ -102,18 +102,27 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
         help="keep the sweep points whose axis KEY equals VALUE, or one of V1|V2|... "
         "(repeatable)",
     )  # fmt: skip
-    parser.add_argument("--x", metavar="AXIS", help="throughput/hit-rate: the axis on x")
+    parser.add_argument(
+        "--x", metavar="AXIS",
+        help="throughput/hit-rate: the axis on x (routing: the routers, default "
+        "cluster.router.kind)",
+    )  # fmt: skip
     parser.add_argument(
         "--metric", metavar="NAME",
         help="throughput/hit-rate: the summary figure on y (default: output_tokens_per_s; "
-        "hit-rate: hbm, dram or ssd, the tier's cross-request hit rate, default hbm)",
+        "hit-rate: hbm, dram or ssd, the tier's cross-request hit rate, default hbm; "
+        "routing: hit or reuse, default hit)",
     )  # fmt: skip
     parser.add_argument(
         "--hue", metavar="AXIS,...",
-        help="throughput/hit-rate: axes that tell lines apart (default: every other axis that "
-        "varies; '' for one line)",
+        help="throughput/hit-rate/routing: axes that tell lines (bars) apart (default: every "
+        "other axis that varies; '' for one line)",
     )  # fmt: skip
-    parser.add_argument("--panel", metavar="AXIS", help="throughput/hit-rate: one panel per value")
+    parser.add_argument(
+        "--panel", metavar="AXIS",
+        help="throughput/hit-rate/routing: one panel per value (routing: default workload "
+        "where it varies; '' for none)",
+    )  # fmt: skip
     _add_look_options(parser)
     parser.set_defaults(func=plot_command)
 

@@ -123,7 +123,11 @@ def _status(out: Path, point_id: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def results_frame(out: str | Path) -> pd.DataFrame:
-    """One row per point of the sweep in ``out``, from its manifest and run directories."""
+    """One row per point of the sweep in ``out``, from its manifest and run directories.
+
+    A summary key named like an axis (a trace run's ``workload`` report, where ``workload``
+    is an axis) is left out: the axis keeps its column, the key stays in ``summary.json``.
+    """
     out = Path(out)
     manifest = read_manifest(out)
     axes: list[str] = manifest["axes"]
@@ -133,7 +137,8 @@ def results_frame(out: str | Path) -> pd.DataFrame:
     for axis in axes:
         columns[axis] = _axis_column([p["params"][axis] for p in points])
     columns["seed"] = [p["seed"] for p in points]
-    keys = list(dict.fromkeys(k for _, _, summary in states for k in summary))
+    taken = {"point_id", *axes, "seed", "status", "error"}  # NOTE: an axis keeps its column
+    keys = [k for k in dict.fromkeys(k for _, _, s in states for k in s) if k not in taken]
     for key in keys:
         columns[key] = [_cell(summary.get(key)) for _, _, summary in states]
     columns["status"] = [status for status, _, _ in states]

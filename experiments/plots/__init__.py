@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments.plots.bars import draw_routing, plot_routing, routing_table
 from experiments.plots.curves import draw_hit_rate, draw_throughput, plot_hit_rate, plot_throughput
 from experiments.plots.heat import draw_heatmap, heatmap_data, plot_heatmap
 from experiments.plots.latency import draw_latency_cdf, latency_cdf_data, plot_latency_cdf
@@ -26,6 +27,7 @@ from experiments.plots.memory import (
 )
 from experiments.plots.metrics import hit_rate_data, throughput_data
 from experiments.plots.overlay import draw_hit_rate_overlay, plot_hit_rate_overlay
+from experiments.plots.routing import routing_data
 from experiments.plots.sources import PlotOptions, Source
 from experiments.plots.style import GIB, MAX_LINES, MAX_PANELS
 
@@ -41,6 +43,7 @@ PLOTS: dict[str, Plot] = {
     "heatmap": plot_heatmap,
     "hit-rate-overlay": plot_hit_rate_overlay,
     "load": plot_load,
+    "routing": plot_routing,
 }
 DRAWS: dict[str, Draw] = {
     "hbm-pressure": draw_hbm_pressure,
@@ -51,6 +54,7 @@ DRAWS: dict[str, Draw] = {
     "heatmap": draw_heatmap,
     "hit-rate-overlay": draw_hit_rate_overlay,
     "load": draw_load,
+    "routing": draw_routing,
 }
 
 __all__ = [
@@ -70,6 +74,7 @@ __all__ = [
     "draw_latency_cdf",
     "draw_link",
     "draw_load",
+    "draw_routing",
     "draw_throughput",
     "hbm_pressure_data",
     "heatmap_data",
@@ -84,6 +89,9 @@ __all__ = [
     "plot_latency_cdf",
     "plot_link",
     "plot_load",
+    "plot_routing",
     "plot_throughput",
+    "routing_data",
+    "routing_table",
     "throughput_data",
 ]
