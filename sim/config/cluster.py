@@ -71,8 +71,7 @@ class RouterSpec(Strict):
 
 
 class RoleRouters(Strict):
-    """A router per role (a disaggregated cluster): ``decode`` picks where a request decodes,
-    ``prefill`` where a disaggregated request prefills."""
+    """A router per role: ``decode`` for where requests decode, ``prefill`` for prefills."""
 
     prefill: RouterSpec = RouterSpec()
     decode: RouterSpec = RouterSpec()
@@ -96,8 +95,7 @@ class Transfer(Strict):
 
 
 class PrefixThreshold(Strict):
-    """Disaggregate only when the prompt's part the decode instance has not cached exceeds
-    ``uncached_tokens`` (llm-d's decider)."""
+    """llm-d's decider: split a request if its decode instance lacks a long part of it."""
 
     kind: Literal["prefix_threshold"]
     uncached_tokens: int = Field(512, ge=0)
@@ -122,8 +120,7 @@ class Disaggregation(Strict):
 
 
 class Group(Strict):
-    """``count`` identical instances; ``hardware``, ``engine`` and ``kv`` override the run's;
-    ``role`` says what they do in a disaggregated cluster."""
+    """``count`` identical instances overriding the run's ``hardware``, ``engine``, ``kv``."""
 
     name: str
     count: int = Field(1, gt=0)
