@@ -15,6 +15,7 @@ from sim.cluster.feed import ArrivalFeed
 from sim.cluster.handoff import Handoffs
 from sim.config.cluster import Disaggregation, PrefixThreshold
 from sim.instance.instance import Instance
+from sim.instance.scheduler import WAITING
 from sim.workload.requests import Requests
 
 
@@ -42,13 +43,13 @@ class DisaggDispatcher:
     def add(self, rid: int) -> None:
         """Route ``rid``: its decode instance, and its prefill instance if split."""
         d = self.decode[self._routers[1].pick(rid)]
-        if self._split(rid, d):
-            p = self.prefill[self._routers[0].pick(rid)]
-            if int(self.requests.prompt_tokens[rid]) + 1 <= self.instances[p].scheduler.max_len:
-                self.handoffs.route(rid, p, d)  # (a prompt too long for p: d does it all)
         self.instance_of[rid] = d
         self.instances[d].add(rid)
         self._woken.add(d)
+        if self.instances[d].scheduler.status[rid] == WAITING and self._split(rid, d):
+            p = self.prefill[self._routers[0].pick(rid)]
+            if int(self.requests.prompt_tokens[rid]) + 1 <= self.instances[p].scheduler.max_len:
+                self.handoffs.route(rid, p, d)  # (a prompt too long for p: d does it all)
 
     def wake(self) -> None:
         """Wake the decode instances that got requests at this instant."""

@@ -272,3 +272,17 @@ def test_prefill_and_decode_must_hold_kv_in_one_dtype():
     cluster["groups"][1]["kv"] = {"dtype": "fp8"}
     with pytest.raises(ConfigError, match="dtype"):
         build_config(chat(cluster))
+
+
+def test_a_prompt_too_long_for_a_side_is_rejected_or_kept_whole():
+    """Too long for its decode instance: rejected there (and no prefill runs); too long for
+    every prefill instance: its decode instance does it all."""
+    cluster = split()
+    cluster["groups"][1]["engine"] = {"max_model_len": 3000}
+    r = simulate(build_config(synthetic(3, 4000, 4, rate=5.0, cluster=cluster))).requests
+    assert (r.status == "rejected").all() and (r.kv_transfer_bytes == 0).all()
+    cluster = split()
+    cluster["groups"][0]["engine"] = {"max_model_len": 3000}
+    data = synthetic(3, 4000, 4, rate=5.0, cluster=cluster, engine={"check": True})
+    r = simulate(build_config(data)).requests
+    assert (r.status == "finished").all() and (r.prefill_instance == 1).all()
