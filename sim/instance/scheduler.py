@@ -100,6 +100,7 @@ class Scheduler:
         # prefill/decode disaggregation (sim/cluster/handoff.py sets the two hooks)
         self.receiving = np.zeros(n, dtype=bool)  # its KV comes from a prefill instance
         self.sending = np.zeros(n, dtype=bool)  # prefilled here for a decode instance
+        self.handed = np.zeros(n, dtype=bool)  # its KV came by handoff; not yet running
         self.fill: Callable[[int, int], simpy.Event] | None = None  # (rid, tokens) -> landed
         self.prefilled: Callable[[int, float], None] | None = None  # (rid, now): KV ready
 
@@ -203,7 +204,17 @@ class Scheduler:
             self.computed[rid] = 0
         self.preemptions[rid] += 1
         self.status[rid] = WAITING
-        self.waiting.appendleft(rid)
+        self._requeue(rid)
+
+    def _requeue(self, rid: int) -> None:
+        """Back to the queue's head, behind the requests whose handed-off KV has landed: they
+        hold their KV and need one token; a recomputing request admitted before them could
+        take the budget, be preempted for their blocks the next step, and so on for ever."""
+        waiting, handed = self.waiting, self.handed
+        behind = 0
+        while behind < len(waiting) and handed[waiting[behind]]:
+            behind += 1
+        waiting.insert(behind, rid)
 
     def plan_admission(self, rid: int, budget: int) -> Admission | None:
         """Admitting ``rid`` (not swapped) with ``budget`` tokens left, applying nothing; None
@@ -257,6 +268,7 @@ class Scheduler:
         assert self.fill is not None
         tokens, fill = prompt - 1 - len(own) * self.engine.block_tokens, self.fill
         self.receiving[rid] = False
+        self.handed[rid] = True
         self.computed[rid] = prompt - 1
         kv.loads.take(rid, hits, lambda blocks: fill(rid, tokens))
         self.loading += 1
@@ -271,6 +283,7 @@ class Scheduler:
 
     def _start(self, rid: int, now: float) -> None:
         self.status[rid] = RUNNING
+        self.handed[rid] = False
         if np.isnan(self.scheduled_s[rid]):
             self.scheduled_s[rid] = now
 

@@ -21,7 +21,7 @@ MHA = 2 * 32 * 32 * 128 * 2  # llama-2-7b: every head has its own K and V
 def synthetic(n: int, prompt: int, output: int, rate: float | None = None, **extra) -> dict:
     arrival = {"kind": "poisson", "rate": rate} if rate else {"kind": "all_at_once"}
     return {
-        "seed": 5,
+        "seed": extra.pop("seed", 5),
         "model": "llama-3-8b",
         "hardware": "h100-sxm",
         "workload": {
@@ -286,3 +286,35 @@ def test_a_prompt_too_long_for_a_side_is_rejected_or_kept_whole():
     data = synthetic(3, 4000, 4, rate=5.0, cluster=cluster, engine={"check": True})
     r = simulate(build_config(data)).requests
     assert (r.status == "finished").all() and (r.prefill_instance == 1).all()
+
+
+class StepLimit:
+    """Fails a run that takes more steps than ``limit`` (a livelock would never end)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.steps = limit, 0
+
+    def step_ended(self, row) -> None:
+        self.steps += 1
+        if self.steps > self.limit:
+            raise RuntimeError(f"more than {self.limit} steps: the run does not progress")
+
+    def steps_ended(self, rows, steps: int) -> None:
+        self.steps += steps
+
+
+def test_a_preempted_long_request_does_not_starve_landed_handoffs():
+    """Three prefill instances fill one decode instance (2,500 blocks) with landed KV; a
+    10k-token request preempted there recomputes in two steps of 8,192 tokens. Queued in
+    front of the landed requests it would take the budget, be preempted for their blocks,
+    and again, for ever; behind them (they need one token each) the run ends."""
+    cluster = split(3, 1)
+    cluster["groups"][1]["engine"] = {"kv_pool_blocks": 2500}
+    data = synthetic(60, 10000, 1, rate=8.0, cluster=cluster, seed=0)
+    data["workload"]["output_tokens"] = {"kind": "uniform", "min": 50, "max": 600}
+    config = build_config(data)
+    limit = StepLimit(100_000)
+    requests = build_requests(config.workload, config.seed, block_tokens=16)
+    result = Simulation(config, requests, observers=[lambda instance: limit]).run()
+    assert (result.requests.status == "finished").all()
+    assert result.requests.preemptions.sum() > 0  # the case arose
