@@ -78,6 +78,8 @@ class Simulation:
             if engine.check:
                 checks = Invariants(member, fabric, routed)
                 checks.index = i
+                if cluster.handoffs is not None:
+                    checks.prefill_of = cluster.handoffs.prefill_of
                 self.checks.append(checks)
                 member.observers.append(checks)
             member.observers.extend(build(member) for build in observers)

@@ -54,7 +54,7 @@ def _flat(summary: dict, prefix: str = "") -> set[str]:
         if isinstance(value, dict) and key != "rejected_reasons":
             keys |= _flat(value, f"{prefix}{key}.")
         if key == "instances":  # a cluster's: beside its 4 own keys, each entry's are above
-            own = {"index", "group", "hardware", "requests"}
+            own = {"index", "group", "hardware", "requests", "prefills"}
             keys |= {k for entry in value for k in _flat(entry)} - own
     return keys
 
@@ -71,6 +71,11 @@ def runs(tmp_path_factory) -> list[Path]:
     overrides.append([f"workload={{kind: trace, format: mooncake, path: {trace}}}"])
     pool = "{capacity: 1GiB, bandwidth: 100GB/s}"
     overrides.append([SMALL, f"cluster={{instances: 2, kv_pool: {pool}}}"])
+    split = (
+        "cluster={groups: [{name: p, role: prefill}, {name: d, role: decode}], "
+        "disaggregation: {decider: always}}"
+    )
+    overrides.append([SMALL, split])
     overrides[0].append("metrics={slo: {ttft: 1s, tpot: 50ms}}")
     out = []
     for i, sets in enumerate(overrides):

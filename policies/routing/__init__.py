@@ -8,6 +8,7 @@ from policies.routing.base import (
     RouteRequest,
     lookup_from_mapping,
 )
+from policies.routing.conductor import TtftEstimate, ttft_estimate
 from policies.routing.routers import (
     ROUTERS,
     KvAware,
@@ -32,6 +33,8 @@ __all__ = [
     "RouteRequest",
     "Router",
     "SessionAffinity",
+    "TtftEstimate",
     "Weighted",
     "lookup_from_mapping",
+    "ttft_estimate",
 ]

@@ -88,6 +88,13 @@ class InstanceSnapshot:
         cached_blocks: prefix blocks its prefix cache holds, in every tier.
         prefix_tiers: which leading blocks of a prefix it holds, in which tier
             (:data:`PrefixLookup`; the cluster binds it to the instance's prefix index).
+        prefill_tokens: prompt tokens still to compute over its waiting and running
+            requests (cached prefix excluded).
+        prefill_s_per_token: the cost model's estimate of a prompt token's prefill time
+            (a full token budget of prefill, divided by its tokens); 0 where not given.
+        block_fetch_s: seconds to bring one block of a cached prefix from each tier of
+            :data:`TIERS` (hbm, dram, ssd, pool) to where attention reads it, at the links'
+            bandwidths, alone on them; zeros where not given.
     """
 
     index: int
@@ -100,6 +107,9 @@ class InstanceSnapshot:
     kv_capacity: int = 1
     cached_blocks: int = 0
     prefix_tiers: PrefixLookup = _holds_nothing
+    prefill_tokens: int = 0
+    prefill_s_per_token: float = 0.0
+    block_fetch_s: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     @property
     def requests(self) -> int:

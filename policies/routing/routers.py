@@ -1,4 +1,4 @@
-"""The seven routers: two blind, two load-based, three cache-aware.
+"""The eight routers: two blind, two load-based, three cache-aware, and Mooncake's conductor.
 
 - ``round_robin``, ``random``: ignore the snapshots.
 - ``least_loaded``: the fewest outstanding tokens.
@@ -6,6 +6,7 @@
 - ``prefix_aware``: SGLang router's ``cache_aware`` policy.
 - ``kv_aware``: NVIDIA Dynamo's KV router cost, with per-tier overlap credits.
 - ``weighted``: llm-d inference scheduler's scorers and max-score picker.
+- ``ttft_estimate``: Mooncake's conductor (:mod:`policies.routing.conductor`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from policies.routing.base import (
     choice,
     credits_param,
 )
+from policies.routing.conductor import TtftEstimate
 
 
 def matched_blocks(request: RouteRequest, instance: InstanceSnapshot) -> int:
@@ -249,4 +251,5 @@ class Weighted(Router):
 
 ROUTERS: tuple[type[Router], ...] = (
     RoundRobin, RandomRouter, LeastLoaded, SessionAffinity, PrefixAware, KvAware, Weighted,
+    TtftEstimate,
 )  # fmt: skip

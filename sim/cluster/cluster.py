@@ -9,8 +9,11 @@ import numpy as np
 import simpy
 
 from policies.registry import make_eviction, make_router
+from sim.cluster.disagg import DisaggDispatcher, PrefillArrivals
 from sim.cluster.dispatch import Dispatcher
 from sim.cluster.feed import ArrivalFeed
+from sim.cluster.handoff import Handoffs
+from sim.cluster.nic import NicColumns
 from sim.config.cluster import ClusterConfig
 from sim.config.run import Member, RunConfig
 from sim.cost import cost_model_for
@@ -44,25 +47,52 @@ class Cluster:
                 instance.decode_runs.bound_to_arrivals()
         self.instance = self.instances[0]
         self.fabric = self.fabrics[0]
-        self.dispatcher: Dispatcher | None = None
-        target: Dispatcher | Instance = self.instance
+        self.dispatcher: Dispatcher | DisaggDispatcher | None = None
+        self.handoffs: Handoffs | None = None
+        self.nic_columns: list[NicColumns] = []
+        target: Dispatcher | DisaggDispatcher | Instance = self.instance
         if spec is not None:
-            rng = np.random.default_rng([config.seed, ROUTER_STREAM])
-            router = make_router(spec.router.spec, rng)
-            self.dispatcher = Dispatcher(
-                self.instances, router, requests, spec.router.signal_interval
-            )
-            target = self.dispatcher
+            self.nic_columns = [NicColumns(*f.nic) for f in self.fabrics if f.nic]
+            for instance, columns in zip(self.instances, self.nic_columns, strict=True):
+                instance.observers.append(columns)
+            target = self.dispatcher = self._dispatcher(spec)
         self.feed = ArrivalFeed(self.env, requests.arrival_s, target)
-        for instance in self.instances:
+        for instance, member in zip(self.instances, self.members, strict=True):
             instance.arrivals = self.feed
+            if self.handoffs is not None and member.role == "prefill":
+                instance.arrivals = PrefillArrivals(self.feed, self.handoffs)
+        if self.handoffs is not None:
+            self.handoffs.feed_done = lambda: self.feed.done
+
+    def _dispatcher(self, spec: ClusterConfig) -> Dispatcher | DisaggDispatcher:
+        """The router (one, or one per role with the handoffs between them)."""
+        seed, routers = self.config.seed, spec.routers
+        rng = np.random.default_rng([seed, ROUTER_STREAM])
+        if spec.disaggregation is None:
+            router = make_router(spec.router.spec, rng)  # type: ignore[union-attr]
+            return Dispatcher(self.instances, router, self.requests, routers.decode.signal_interval)
+        roles = [m.role for m in self.members]
+        prefill = [i for i, role in enumerate(roles) if role == "prefill"]
+        nics = [f.nic for f in self.fabrics if f.nic]
+        self.handoffs = Handoffs(
+            self.instances, nics, spec.disaggregation.transfer, len(self.requests), prefill
+        )
+        decode = make_router(routers.decode.spec, rng)
+        first = make_router(routers.prefill.spec, np.random.default_rng([seed, ROUTER_STREAM, 1]))
+        intervals = (routers.prefill.signal_interval, routers.decode.signal_interval)
+        return DisaggDispatcher(
+            self.instances, roles, (first, decode), intervals, self.requests,
+            spec.disaggregation, self.handoffs,
+        )  # fmt: skip
 
     def _instance(self, member: Member) -> Instance:
         """One member's host and instance (start-up refusals first: a table, a model too
         large). With a KV pool, what one instance evicts or registers another can see at
         once: none takes steps ahead of the clock (``engine.decode_runs`` off)."""
         config = member.config
-        if self.pool is not None and len(self.members) > 1:
+        spec = self.config.cluster
+        split = spec is not None and spec.disaggregation is not None
+        if (self.pool is not None or split) and len(self.members) > 1:
             engine = config.engine.model_copy(update={"decode_runs": False})
             config = config.model_copy(update={"engine": engine})
         cost = cost_model_for(config)
@@ -70,7 +100,6 @@ class Cluster:
         fabric = Fabric(config.hardware, env=self.env)
         host = host_pool(config, fabric.table, self._lost_cost(config, fabric))
         remote = None
-        spec = self.config.cluster
         if spec is not None:
             fabric.nic = _nic(self.env, spec, member.index)
             if self.pool is not None:

@@ -20,8 +20,25 @@ from sim.memory.blocks import HBM
 from sim.workload.requests import Requests
 
 
-def snapshot(instance: Instance, index: int) -> InstanceSnapshot:
-    """What a router may know of ``instance`` now (counts, and its prefix lookup)."""
+def estimates(instance: Instance) -> tuple[float, tuple[float, float, float, float]]:
+    """The cost estimates a router may use (:class:`InstanceSnapshot`): a prompt token's
+    prefill time (a full token budget of prefill, by the cost model), and one block's time
+    from each tier (HBM, DRAM, SSD, the pool) home at the links' bandwidths."""
+    engine, links = instance.config.engine, instance.links
+    budget = engine.max_batched_tokens
+    step = instance.cost.step(np.array([budget]), np.array([0]), 1).total_s
+    block = instance.kv.tiers[1].block_bytes
+    dram = block / links.h2d.bandwidth if instance.kv.home.index == HBM else 0.0
+    ssd = dram + block / links.ssd_read.bandwidth
+    nic = instance.kv.remote.nic_in.bandwidth if instance.kv.remote is not None else np.inf
+    return step / budget, (0.0, dram, ssd, dram + block / nic)
+
+
+def snapshot(
+    instance: Instance, index: int, costs: tuple[float, tuple] = (0.0, (0.0,) * 4)
+) -> InstanceSnapshot:
+    """What a router may know of ``instance`` now (counts, its prefix lookup, and the cost
+    estimates ``costs`` of :func:`estimates`)."""
     s, kv = instance.scheduler, instance.kv
     bt = kv.bt
     queued = np.fromiter(s.waiting, dtype=np.int64, count=len(s.waiting))
@@ -40,6 +57,9 @@ def snapshot(instance: Instance, index: int) -> InstanceSnapshot:
         kv_capacity=max(int(hbm.capacity), 1),
         cached_blocks=len(kv.table.index),
         prefix_tiers=kv.prefix_tiers,
+        prefill_tokens=int(to_compute.sum()),
+        prefill_s_per_token=costs[0],
+        block_fetch_s=costs[1],
     )
 
 
@@ -58,15 +78,21 @@ class Dispatcher:
         self._refreshed = -math.inf
         self._woken: set[int] = set()
         self._bt = instances[0].kv.bt
+        self._costs = [estimates(instance) for instance in instances]
 
-    def add(self, rid: int) -> None:
-        """Route ``rid`` and queue it there."""
+    def pick(self, rid: int) -> int:
+        """The instance (its position here) the router picks for ``rid``."""
         chosen = self.router.route(self._request(rid), self._current())
         if not 0 <= chosen < len(self.instances):
             raise RuntimeError(
                 f"router {self.router.name or type(self.router).__name__!r} returned instance "
                 f"{chosen!r} for request {rid}; expected 0..{len(self.instances) - 1}"
             )
+        return chosen
+
+    def add(self, rid: int) -> None:
+        """Route ``rid`` and queue it there."""
+        chosen = self.pick(rid)
         self.instance_of[rid] = chosen
         self.instances[chosen].add(rid)
         self._woken.add(chosen)
@@ -80,7 +106,8 @@ class Dispatcher:
     def _current(self) -> list[InstanceSnapshot]:
         now = self.env.now
         if not self._snapshots or now - self._refreshed >= self.signal_interval:
-            self._snapshots = [snapshot(inst, i) for i, inst in enumerate(self.instances)]
+            costs = self._costs
+            self._snapshots = [snapshot(inst, i, costs[i]) for i, inst in enumerate(self.instances)]
             self._refreshed = now
         return self._snapshots
 

@@ -8,9 +8,9 @@ instances, each group overriding ``hardware`` (a profile name or mapping), ``eng
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import Bandwidth, Bytes, PositiveBytes, Seconds, Strict
 from sim.config.errors import KeyedValueError
@@ -70,11 +70,61 @@ class RouterSpec(Strict):
         return {"name": self.kind, **self.params}
 
 
+class RoleRouters(Strict):
+    """A router per role: ``decode`` for where requests decode, ``prefill`` for prefills."""
+
+    prefill: RouterSpec = RouterSpec()
+    decode: RouterSpec = RouterSpec()
+
+
+class Transfer(Strict):
+    """How a disaggregated request's KV goes from its prefill to its decode instance."""
+
+    via: Literal["network", "pool"] = "network"
+    layerwise: bool = True  # layer l's KV leaves when layer l's prefill is done
+
+    @model_validator(mode="after")
+    def _network_only(self) -> Transfer:
+        if self.via == "pool":
+            raise KeyedValueError(
+                "via",
+                "'pool' (prefill writes the KV to the pool, decode reads it) is not modelled "
+                "yet; expected 'network' (docs/cluster.md)",
+            )
+        return self
+
+
+class PrefixThreshold(Strict):
+    """llm-d's decider: split a request if its decode instance lacks a long part of it."""
+
+    kind: Literal["prefix_threshold"]
+    uncached_tokens: int = Field(512, ge=0)
+
+
+class Disaggregation(Strict):
+    """Prefill on ``prefill`` instances, decode on ``decode`` ones, the KV sent between."""
+
+    transfer: Transfer = Transfer()
+    decider: Literal["never", "always"] | PrefixThreshold = "always"
+
+    @field_validator("decider", mode="before")
+    @classmethod
+    def _decider_form(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return PrefixThreshold.model_validate(value)
+        if value not in ("never", "always"):
+            raise ValueError(
+                "expected never, always or {kind: prefix_threshold, uncached_tokens: N}"
+            )
+        return value
+
+
 class Group(Strict):
-    """``count`` identical instances; ``hardware``, ``engine`` and ``kv`` override the run's."""
+    """``count`` identical instances overriding the run's ``hardware``, ``engine``, ``kv``."""
 
     name: str
     count: int = Field(1, gt=0)
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
     hardware: HardwareSpec | None = None
     engine: dict[str, Any] = Field(default_factory=dict)
     kv: dict[str, Any] = Field(default_factory=dict)
@@ -85,9 +135,48 @@ class ClusterConfig(Strict):
 
     instances: int | None = Field(None, gt=0)
     groups: list[Group] | None = None
-    router: RouterSpec = RouterSpec()
+    router: RouterSpec | RoleRouters = RouterSpec()
     network: Network = Network()
     kv_pool: KvPool | None = None
+    disaggregation: Disaggregation | None = None
+
+    @field_validator("router", mode="before")
+    @classmethod
+    def _router_form(cls, value: Any) -> Any:
+        """One router spec, or ``{prefill: ..., decode: ...}``: a mapping keyed by roles."""
+        if isinstance(value, dict) and value and set(value) <= {"prefill", "decode"}:
+            return RoleRouters.model_validate(value)
+        return value
+
+    @model_validator(mode="after")
+    def _roles(self) -> ClusterConfig:
+        roles = {g.role for g in self.groups or ()}
+        if self.disaggregation is None:
+            split = sorted(roles - {"mixed"})
+            if split:
+                raise KeyedValueError(
+                    "disaggregation",
+                    f"groups have role {split[0]!r} but there is no cluster.disaggregation; "
+                    "expected one (or role: mixed)",
+                )
+            if isinstance(self.router, RoleRouters):
+                raise KeyedValueError(
+                    "router", "a router per role needs cluster.disaggregation; expected one spec"
+                )
+            return self
+        if not {"prefill", "decode"} <= roles or "mixed" in roles:
+            raise KeyedValueError(
+                "disaggregation",
+                f"a disaggregated cluster needs groups of role prefill and decode and no "
+                f"mixed one; got roles {sorted(roles)}",
+            )
+        return self
+
+    @property
+    def routers(self) -> RoleRouters:
+        """The router of each role (one spec is both)."""
+        r = self.router
+        return r if isinstance(r, RoleRouters) else RoleRouters(prefill=r, decode=r)
 
     @model_validator(mode="after")
     def _one_way(self) -> ClusterConfig:

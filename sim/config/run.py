@@ -71,6 +71,8 @@ class RunConfig(Strict):
                         "the KV pool finds blocks by prefix hash: it needs kv.prefix_caching: "
                         "true on every instance",
                     )
+            if self.cluster.disaggregation is not None:
+                _one_kv_dtype(members)
         return self
 
     def members(self) -> list[Member]:
@@ -78,11 +80,14 @@ class RunConfig(Strict):
         cluster = self.cluster
         if cluster is None or cluster.groups is None:
             count = cluster.size if cluster is not None else 1
-            return [Member(i, "", self.model_copy(update={"cluster": None})) for i in range(count)]
+            plain = self.model_copy(update={"cluster": None})
+            return [Member(i, "", plain) for i in range(count)]
         out: list[Member] = []
         for g, group in enumerate(cluster.groups):
             config = self._for_group(group, f"cluster.groups.{g}")
-            out += [Member(len(out) + i, group.name, config) for i in range(group.count)]
+            out += [
+                Member(len(out) + i, group.name, config, group.role) for i in range(group.count)
+            ]
         return out
 
     def _for_group(self, group: Group, key: str) -> RunConfig:
@@ -148,6 +153,7 @@ class Member:
     index: int
     group: str
     config: RunConfig
+    role: str = "mixed"  # mixed | prefill | decode (a disaggregated cluster)
 
 
 def _one_block_format(members: list[Member]) -> None:
@@ -158,4 +164,16 @@ def _one_block_format(members: list[Member]) -> None:
             "kv_pool",
             "the instances' KV blocks differ (engine.block_tokens or the KV dtype), so they "
             f"cannot share a pool: {sorted(formats)}; expected one (block_tokens, bytes)",
+        )
+
+
+def _one_kv_dtype(members: list[Member]) -> None:
+    """A disaggregated request's KV is sent as the prefill instance holds it and kept as the
+    decode instance holds it: both must hold it in one dtype."""
+    dtypes = {m.config.kv_dtype_bytes for m in members}
+    if len(dtypes) > 1:
+        raise KeyedValueError(
+            "cluster.disaggregation",
+            f"the instances hold KV in different dtypes ({sorted(dtypes)} bytes per element); "
+            "expected one (the KV is sent as it is held: set kv.dtype alike)",
         )

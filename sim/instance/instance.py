@@ -7,6 +7,8 @@ It gets the clock, its GPU's links and the host's KV pool from whoever builds th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import simpy
 
@@ -50,6 +52,9 @@ class Instance:
         self.timeline = Timeline()
         self.marks = LinkMarks(self.links, self.kv.counters)
         self.observers: list[StepObserver] = []
+        # told of each step's batch and compute seconds as its compute starts (layerwise
+        # prefill/decode handoffs: sim/cluster/handoff.py)
+        self.on_compute: Callable[[Batch, float], None] | None = None
         self.arrivals: Arrivals  # the cluster's feed (set before the run)
         self.stall_s = 0.0
         self._wakeup = self.env.event()
@@ -108,6 +113,8 @@ class Instance:
         start = self.env.now
         if io.blocking:
             yield simpy.AllOf(self.env, io.blocking)
+        if self.on_compute is not None:
+            self.on_compute(batch, compute)
         engine = self.config.engine
         yield from compute_with_fetch(
             self.env, self.links.h2d, io, compute, params.step_overhead_s,

@@ -14,15 +14,23 @@ the step samples a new token. A request is done after ``output_tokens`` samples.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
+import simpy
 
 from sim.config.kv import LOOKAHEAD_REQUESTS
 from sim.config.run import EngineConfig
-from sim.instance.rules import admit_fcfs, admitted_tokens, max_sequence_tokens, share_budget
+from sim.instance.rules import (
+    admit_fcfs,
+    admitted_tokens,
+    blocks_for,
+    max_sequence_tokens,
+    share_budget,
+)
 from sim.kv.manager import NO_HITS, KvManager, PrefixHits
 from sim.kv.reads import is_decode
 from sim.workload.requests import Requests
@@ -89,6 +97,12 @@ class Scheduler:
         self.loading = 0
         self.max_len = max_sequence_tokens(engine, kv.home.capacity)
         kv.on_loaded = self.loaded
+        # prefill/decode disaggregation (sim/cluster/handoff.py sets the two hooks)
+        self.receiving = np.zeros(n, dtype=bool)  # its KV comes from a prefill instance
+        self.sending = np.zeros(n, dtype=bool)  # prefilled here for a decode instance
+        self.handed = np.zeros(n, dtype=bool)  # its KV came by handoff; not yet running
+        self.fill: Callable[[int, int], simpy.Event] | None = None  # (rid, tokens) -> landed
+        self.prefilled: Callable[[int, float], None] | None = None  # (rid, now): KV ready
 
     # --- arrivals ---------------------------------------------------------------------------
 
@@ -190,7 +204,17 @@ class Scheduler:
             self.computed[rid] = 0
         self.preemptions[rid] += 1
         self.status[rid] = WAITING
-        self.waiting.appendleft(rid)
+        self._requeue(rid)
+
+    def _requeue(self, rid: int) -> None:
+        """Back to the queue's head, behind the requests whose handed-off KV has landed: they
+        hold their KV and need one token; a recomputing request admitted before them could
+        take the budget, be preempted for their blocks the next step, and so on for ever."""
+        waiting, handed = self.waiting, self.handed
+        behind = 0
+        while behind < len(waiting) and handed[waiting[behind]]:
+            behind += 1
+        waiting.insert(behind, rid)
 
     def plan_admission(self, rid: int, budget: int) -> Admission | None:
         """Admitting ``rid`` (not swapped) with ``budget`` tokens left, applying nothing; None
@@ -209,6 +233,8 @@ class Scheduler:
     def _admit_one(self, rid: int, budget: int) -> int | None:
         """Admit the queue head: its tokens this step, 0 if it went loading, None if it can't."""
         kv = self.kv
+        if self.receiving[rid]:
+            return self._admit_handoff(rid)
         if rid in kv.swapped:
             n = min(int(self._remaining(np.array([rid]))[0]), budget)
             if kv.swap_in_blocks(rid) + kv.need(rid, int(self.computed[rid]) + n) > kv.available:
@@ -228,6 +254,26 @@ class Scheduler:
         kv.allocate(rid, start + n)
         return n
 
+    def _admit_handoff(self, rid: int) -> int | None:
+        """Admit a disaggregated request (as vLLM's KV connectors do): its cached prefix here,
+        and room for the rest of its prompt but the last token, whose KV its prefill instance
+        sends (it waits in "loading" until it landed, then computes the last token); None if
+        the room is not there (it waits in the queue, before its prefill)."""
+        kv, prompt = self.kv, int(self.prompt[rid])
+        own = kv.index.match(rid)
+        k = blocks_for(prompt - 1, self.engine.block_tokens) - len(own)
+        hits = PrefixHits(own.blocks, own.tiers, k)
+        if kv.admission_cost(rid, hits, prompt) > kv.available:
+            return None
+        assert self.fill is not None
+        tokens, fill = prompt - 1 - len(own) * self.engine.block_tokens, self.fill
+        self.receiving[rid] = False
+        self.handed[rid] = True
+        self.computed[rid] = prompt - 1
+        kv.loads.take(rid, hits, lambda blocks: fill(rid, tokens))
+        self.loading += 1
+        return 0
+
     def _admit_waiting(self, budget: int, now: float) -> tuple[list[int], list[int]]:
         """Admit waiting requests FCFS while budget, sequence cap and blocks allow."""
         seats = self.engine.max_num_seqs - len(self.running)
@@ -237,6 +283,7 @@ class Scheduler:
 
     def _start(self, rid: int, now: float) -> None:
         self.status[rid] = RUNNING
+        self.handed[rid] = False
         if np.isnan(self.scheduled_s[rid]):
             self.scheduled_s[rid] = now
 
@@ -296,6 +343,10 @@ class Scheduler:
             self.finish_s[done] = now
             self.status[done] = FINISHED
             for rid in done.tolist():
-                self.kv.release(rid)
+                if self.sending[rid]:  # the handoff releases its blocks once they are sent
+                    self.sending[rid] = False
+                    self.prefilled(rid, now)  # type: ignore[misc]
+                else:
+                    self.kv.release(rid)
             self.running = self.running[self.status[self.running] == RUNNING]
         return done

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import simpy
 
@@ -9,6 +11,10 @@ from sim.kv.parts import KvParts
 from sim.kv.prefix import PrefixHits
 from sim.memory.blocks import DRAM, HBM, SSD
 from sim.memory.tiers import Tier
+
+Fill = Callable[[int], simpy.Event]
+"""A handoff's source: ``fill(blocks)`` sends a request's KV into ``blocks`` new blocks;
+the event fires when it landed."""
 
 
 class PrefixLoads:
@@ -22,11 +28,17 @@ class PrefixLoads:
         # the farthest tier a request's first prefix hit read from (-1: none; 3: the pool)
         self.farthest = np.full(len(kv.held), -1, dtype=np.int8)
 
-    def take(self, rid: int, hits: PrefixHits) -> bool:
-        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
+    def take(self, rid: int, hits: PrefixHits, fill: Fill | None = None) -> bool:
+        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending.
+
+        ``fill``: the ``hits.remote`` blocks are a handoff's (a disaggregated request's KV,
+        sent by its prefill instance: :meth:`_receive`), not the pool's."""
         kv = self.kv
         c, t, home = kv.counters, kv.table, kv.home
-        self._count(rid, hits)
+        if fill is None:
+            self._count(rid, hits)
+        elif kv.prefix:
+            self._count(rid, PrefixHits(hits.blocks, hits.tiers))
         now = kv.now
         loads = self._reference(hits)
         on_ssd = [b for b in loads if not t.where[DRAM, b]]
@@ -36,11 +48,13 @@ class PrefixLoads:
             home.add(b, now, evictable=False)
         kv.blocks[rid] = hits.blocks.tolist()
         waits: list[simpy.Event] = []
-        if hits.remote:
+        kv.index.registered[rid] = len(hits)
+        if fill is not None:
+            waits.append(self._receive(rid, hits, fill))
+        elif hits.remote:
             waits.append(self._fetch_remote(rid, hits))
         kv.held[rid] = len(hits)
-        kv.index.registered[rid] = len(hits)
-        c.prefix_hit_tokens += len(hits) * kv.bt
+        c.prefix_hit_tokens += (len(hits) if fill is None else len(hits.blocks)) * kv.bt
         if kv.prefetch.active:
             kv.prefetch.admitted(rid, float(kv.arrival_s[rid]))
             in_hbm = hits.blocks[t.where[HBM, hits.blocks]].tolist()
@@ -88,6 +102,25 @@ class PrefixLoads:
         kv.blocks[rid].extend(ids)
         kv.counters.pool_hits += k
         return kv.remote.fetch(hashes)
+
+    def _receive(self, rid: int, hits: PrefixHits, fill: Fill) -> simpy.Event:
+        """New blocks at home for the ``hits.remote`` blocks after ``rid``'s own hits, filled
+        by a handoff (``fill(blocks)``: the event fires when they landed); its full blocks
+        are findable under their hashes, as the blocks it computed would be."""
+        kv, own, k = self.kv, len(hits.blocks), hits.remote
+        if not k:
+            return fill(0)
+        kv.cascade.make_room(kv.home, k)
+        heat = kv.access.initial_heat() if k == 1 else kv.access.initial_heats(k)
+        ids = kv.table.new_many(rid, own, heat)
+        kv.home.add_pinned(ids)
+        if kv.prefix:
+            full = max(min(kv.index.lookup_blocks(rid), own + k) - own, 0)
+            if full:
+                kv.table.register_many(ids[:full], kv.index.hashes[rid][own : own + full])
+            kv.index.registered[rid] = own + full
+        kv.blocks[rid].extend(ids)
+        return fill(k)
 
     def _reference(self, hits: PrefixHits) -> list[int]:
         """Count and reference the hit blocks, pin those at home; returns the others.

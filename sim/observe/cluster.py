@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from sim.cluster.cluster import Cluster
+from sim.cluster.handoff import Handoffs
 from sim.observe.invariants import InvariantViolation
 from sim.observe.metrics import request_frame, summarize, tier_summary
 
@@ -23,6 +24,7 @@ def cluster_results(cluster: Cluster, end: float) -> tuple[pd.DataFrame, pd.Data
     timelines = []
     for i, instance in enumerate(instances):
         frame = instance.kv.prefetch.extend_timeline(instance.timeline.to_frame())
+        frame = frame.assign(**cluster.nic_columns[i].columns())
         timelines.append(frame.assign(instance=np.int64(i)))
     timeline = pd.concat(timelines, ignore_index=True)
     timeline = timeline.sort_values(["time_s", "instance"], kind="stable", ignore_index=True)
@@ -30,6 +32,8 @@ def cluster_results(cluster: Cluster, end: float) -> tuple[pd.DataFrame, pd.Data
     summary = summarize(requests, timeline, end)
     summary.update(tier_summary(instances, pool))
     summary.update(_traffic(cluster))
+    if cluster.handoffs is not None:
+        summary.update(_handoff_summary(requests))
     summary["instances"] = [
         _instance_summary(cluster, i, requests, timelines[i], end) for i in range(len(instances))
     ]
@@ -51,11 +55,38 @@ def _requests(cluster: Cluster, routed: np.ndarray) -> pd.DataFrame:
         pick([s.scheduled_s for s in schedulers]),
         pick([s.first_token_s for s in schedulers]),
         pick([s.finish_s for s in schedulers]),
-        pick([s.preemptions for s in schedulers]),
+        np.stack([s.preemptions for s in schedulers]).sum(axis=0),  # on both, if split
         reasons,
     )
-    farthest = pick([i.kv.loads.farthest for i in cluster.instances]).astype(np.int64)
-    return frame.assign(instance=routed, prefix_tier=HIT_TIERS[farthest + 1])
+    farthests = np.stack([i.kv.loads.farthest for i in cluster.instances]).astype(np.int64)
+    handoffs = cluster.handoffs
+    prefill = routed.copy()
+    columns = dict.fromkeys(("kv_transfer_bytes", "kv_transfer_s", "kv_transfer_exposed_s"), 0.0)
+    if handoffs is not None:
+        split = handoffs.prefill_of >= 0
+        prefill[split] = handoffs.prefill_of[split]
+        columns = {
+            "kv_transfer_bytes": handoffs.bytes,
+            "kv_transfer_s": np.where(split, handoffs.arrived_s - handoffs.sent_s, 0.0),
+            "kv_transfer_exposed_s": np.where(split, handoffs.landed_s - handoffs.prefilled_s, 0.0),
+        }
+    farthest = farthests[np.maximum(prefill, 0), rows]  # the prefill's prefix hit
+    return frame.assign(
+        instance=routed, prefix_tier=HIT_TIERS[farthest + 1], prefill_instance=prefill,
+        decode_instance=routed, **columns,
+    )  # fmt: skip
+
+
+def _handoff_summary(requests: pd.DataFrame) -> dict:
+    """The disaggregated requests: how many, their KV bytes, their exposed transfer time."""
+    split = requests[requests.prefill_instance != requests.decode_instance]
+    exposed = split.kv_transfer_exposed_s
+    return {
+        "disaggregated_requests": len(split),
+        "kv_transfer_bytes": float(split.kv_transfer_bytes.sum()),
+        "kv_transfer_exposed_s_p50": float(exposed.median()) if len(split) else None,
+        "kv_transfer_exposed_s_p99": float(np.percentile(exposed, 99)) if len(split) else None,
+    }
 
 
 def _traffic(cluster: Cluster) -> dict:
@@ -88,6 +119,8 @@ def _instance_summary(
         "requests": len(own),
     }
     summary.update(summarize(own, timeline, end))
+    if cluster.handoffs is not None:
+        summary["prefills"] = int((cluster.handoffs.prefill_of == i).sum())
     summary.update(tier_summary([instance], cluster.pool is not None))
     nic = cluster.fabrics[i].nic
     if nic is not None:
@@ -101,16 +134,24 @@ def check_cluster(cluster: Cluster) -> None:
     assert cluster.dispatcher is not None
     routed = cluster.dispatcher.instance_of
     arrived = np.stack([i.scheduler.status != 0 for i in cluster.instances])
-    if (routed < 0).any() or (arrived.sum(axis=0) != 1).any():
-        bad = int(np.flatnonzero((routed < 0) | (arrived.sum(axis=0) != 1))[0])
+    expected = np.ones(len(routed), dtype=np.int64)
+    if cluster.handoffs is not None:
+        check_handoffs(cluster.handoffs, arrived)
+        expected += cluster.handoffs.prefill_of >= 0  # its prefill instance, then its decode
+    if (routed < 0).any() or (arrived.sum(axis=0) != expected).any():
+        bad = int(np.flatnonzero((routed < 0) | (arrived.sum(axis=0) != expected))[0])
         raise InvariantViolation(
-            f"invariant violated at the end of the run: request #{bad} is not on exactly one "
-            f"instance (routed to {int(routed[bad])}, on {int(arrived[:, bad].sum())})"
+            f"invariant violated at the end of the run: request #{bad} is not on exactly "
+            f"{expected[bad]} instance(s) (routed to {int(routed[bad])}, on "
+            f"{int(arrived[:, bad].sum())})"
         )
+    _check_nics(cluster)
     if cluster.pool is None:
         return
     link = cluster.pool.link
     nics = sum(n[0].bytes_delivered + n[1].bytes_delivered for f in cluster.fabrics if (n := f.nic))
+    if cluster.handoffs is not None:  # (their bytes cross two NICs, not the pool)
+        nics -= 2 * float(cluster.handoffs.bytes.sum())
     moved = link.bytes_delivered
     if abs(link.bytes_submitted - moved) > 1e-9 * max(moved, 1) or abs(nics - moved) > 1e-6 * max(
         moved, 1
@@ -119,4 +160,48 @@ def check_cluster(cluster: Cluster) -> None:
             "invariant violated at the end of the run: the KV pool's bytes do not conserve "
             f"(submitted {link.bytes_submitted:.0f}, delivered {moved:.0f}, over the NICs "
             f"{nics:.0f})"
+        )
+
+
+def check_handoffs(handoffs: Handoffs, arrived: np.ndarray) -> None:
+    """Each disaggregated request went to its prefill instance and decode instance only,
+    one after the other: its KV landed after its prefill ended and before its decode
+    instance's first token; none is held or in flight at the end."""
+    split = np.flatnonzero(handoffs.prefill_of >= 0)
+    p, d = handoffs.prefill_of[split], handoffs.decode_of[split]
+    first = np.stack([i.scheduler.first_token_s for i in handoffs.instances])[d, split]
+    bad = (
+        ~arrived[p, split] | ~arrived[d, split] | (p == d)
+        | ~(handoffs.landed_s[split] >= handoffs.prefilled_s[split])
+        | ~(first > handoffs.landed_s[split])
+    )  # fmt: skip
+    if bad.any() or handoffs.pending or handoffs.in_flight:
+        rid = int(split[np.argmax(bad)]) if bad.any() else -1
+        raise InvariantViolation(
+            "invariant violated at the end of the run: a disaggregated request did not go "
+            f"prefill -> transfer -> decode (request #{rid}; {handoffs.pending} not sent to "
+            f"a prefill instance, {handoffs.in_flight} transfers not landed)"
+        )
+
+
+def _check_nics(cluster: Cluster) -> None:
+    """Every byte a NIC was given arrived: what the handoffs sent went out of prefill NICs
+    and into decode NICs, and all NIC traffic is the handoffs' and the pool's."""
+    nics = [f.nic for f in cluster.fabrics if f.nic]
+    for nic in nics:
+        for link in nic:
+            given = link.bytes_submitted
+            if abs(given - link.bytes_delivered) > 1e-6 * max(given, 1):
+                raise InvariantViolation(
+                    f"invariant violated at the end of the run: {link.name} was given "
+                    f"{link.bytes_submitted:.0f} B and delivered {link.bytes_delivered:.0f} B"
+                )
+    sent = float(cluster.handoffs.bytes.sum()) if cluster.handoffs is not None else 0.0
+    pool = cluster.pool.link.bytes_delivered if cluster.pool is not None else 0.0
+    total = sum(n[0].bytes_delivered + n[1].bytes_delivered for n in nics)
+    if abs(total - (2 * sent + pool)) > 1e-6 * max(total, 1):
+        raise InvariantViolation(
+            "invariant violated at the end of the run: the NICs carried "
+            f"{total:.0f} B, not the handoffs' {sent:.0f} B out and in plus the pool's "
+            f"{pool:.0f} B"
         )

@@ -54,6 +54,7 @@ class Invariants:
         self.instance = instance
         self.fabric = fabric
         self.routed = routed  # in a cluster: each request's instance (the router's choice)
+        self.prefill_of: np.ndarray | None = None  # disaggregated: each one's prefill instance
         self.index = 0  # this instance's index in the cluster
         self.step = 0
 
@@ -230,13 +231,15 @@ class Invariants:
         here = np.ones(len(s.status), dtype=bool)
         if self.routed is not None:
             here = self.routed == self.index
+            if self.prefill_of is not None:
+                here |= self.prefill_of == self.index
             elsewhere = np.flatnonzero(~here & (s.status != 0))
             if len(elsewhere):
                 self.fail(
                     "a request routed elsewhere ran here",
                     f"request #{int(elsewhere[0])} (routed to {int(self.routed[elsewhere[0]])})",
                 )
-            requests = requests[requests.instance == self.index]
+            requests = requests[here[requests.request_id.to_numpy()]]
         ended = ((s.status == FINISHED) | (s.status == REJECTED)) | ~here
         if not ended.all():
             rid = int(np.flatnonzero(~ended)[0])

@@ -15,6 +15,10 @@ ROUTERS = [
     "round_robin", "random", "least_loaded", "session", "prefix_aware", "kv_aware", "weighted",
 ]  # fmt: skip
 CLUSTER_ONLY = {"instances", "nic_in_bytes", "nic_out_bytes", "wall_time_s"}
+CLUSTER_COLUMNS = [
+    "instance", "prefix_tier", "prefill_instance", "decode_instance", "kv_transfer_bytes",
+    "kv_transfer_s", "kv_transfer_exposed_s",
+]  # fmt: skip
 
 
 def chat(sessions: int = 40, rate: float = 2.0, **extra) -> dict:
@@ -42,10 +46,11 @@ def test_a_cluster_of_one_is_the_plain_run(mode):
     plain = run(chat(kv={"mode": mode}))
     for router in ROUTERS:
         one = run(chat(kv={"mode": mode}, cluster={"instances": 1, "router": {"kind": router}}))
-        requests = one.requests.drop(columns=["instance", "prefix_tier"])
+        requests = one.requests.drop(columns=CLUSTER_COLUMNS)
         pd.testing.assert_frame_equal(requests, plain.requests)
         assert (one.requests.instance == 0).all()
-        timeline = one.timeline.drop(columns=["instance"])
+        assert (one.timeline[["nic_in_bytes", "nic_out_bytes"]] == 0).all().all()
+        timeline = one.timeline.drop(columns=["instance", "nic_in_bytes", "nic_out_bytes"])
         pd.testing.assert_frame_equal(timeline, plain.timeline)
         mine = {k: v for k, v in one.summary.items() if k not in CLUSTER_ONLY}
         assert mine == {k: v for k, v in plain.summary.items() if k != "wall_time_s"}

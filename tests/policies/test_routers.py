@@ -20,7 +20,7 @@ from policies import (
 )
 from policies.base import param_table
 from policies.registry import ROUTER
-from policies.routing import lookup_from_mapping
+from policies.routing import lookup_from_mapping, ttft_estimate
 
 BT = 16  # tokens per block
 HASHES = np.arange(101, 111, dtype=np.uint64)  # a 10-block prefix: 101, 102, ...
@@ -285,6 +285,36 @@ class LastInstance(Router):
         return instances[-1 - self.offset].index
 
 
+# --- ttft_estimate (Mooncake's conductor) -----------------------------------------------------
+
+
+def test_ttft_estimate_by_hand():
+    """Queue + uncached prefill + cached blocks' fetch, per instance; the lowest wins."""
+    fetch = (0.0, 0.001, 0.01, 0.004)  # one block from hbm, dram, ssd, the pool
+    per_token = 1e-4
+    snaps = [
+        # nothing cached, 1000 tokens queued: (1000 + 80) x 1e-4 = 0.108
+        InstanceSnapshot(0, prefill_tokens=1000, prefill_s_per_token=per_token,
+                         block_fetch_s=fetch),
+        # 4 blocks in DRAM, 2000 queued: (2000 + 16) x 1e-4 + 4 x 0.001 = 0.2056
+        InstanceSnapshot(1, prefill_tokens=2000, prefill_s_per_token=per_token,
+                         block_fetch_s=fetch, **holding(1, 1, 1, 1)),
+        # 5 blocks (2 HBM, 3 SSD), 900 queued: (900 + 0) x 1e-4 + 3 x 0.01 = 0.12
+        InstanceSnapshot(2, prefill_tokens=900, prefill_s_per_token=per_token,
+                         block_fetch_s=fetch, **holding(0, 0, 2, 2, 2)),
+    ]  # fmt: skip
+    req = request(5 * BT)
+    expected = [0.108, 0.2056, 0.12]
+    assert [ttft_estimate(req, s) for s in snaps] == pytest.approx(expected)
+    router = make_router("ttft_estimate")
+    assert router.route(req, snaps) == 0
+    # with fewer queued tokens on 2 (0.12 -> 0.05) it wins; ties go to the lowest index
+    snaps[2] = InstanceSnapshot(2, prefill_tokens=200, prefill_s_per_token=per_token,
+                                block_fetch_s=fetch, **holding(0, 0, 2, 2, 2))  # fmt: skip
+    assert router.route(req, snaps) == 2
+    assert router.route(req, [snaps[0], snaps[0]]) == 0
+
+
 class NotARouter:
     """Has a route method but is no Router."""
 
@@ -321,7 +351,7 @@ def test_unknown_router_names_get_a_suggestion():
 def test_router_names_and_the_rng_is_used():
     assert router_names() == [
         "kv_aware", "least_loaded", "prefix_aware", "random", "round_robin", "session",
-        "weighted",
+        "ttft_estimate", "weighted",
     ]  # fmt: skip
     rng = np.random.default_rng(11)
     assert make_router("random", rng=rng).rng is rng
