@@ -63,12 +63,15 @@ class HotSets:
         # per block: the token whose pool holds it as an unshared block, and shared marks
         self.cand_of = np.full(0, NONE, dtype=np.int64)
         self.shared = np.zeros(0, dtype=bool)
-        # the pools' entries: unshared (block, token); shared (block, position, token)
+        # the pools' entries: unshared members (block, token), valid while ``cand_of`` says
+        # so; every shared middle block (block, position, token, member)
         self.c_blk = np.zeros(0, dtype=np.int64)
         self.c_tok = np.zeros(0, dtype=np.int64)
         self.s_blk = np.zeros(0, dtype=np.int64)
         self.s_pos = np.zeros(0, dtype=np.int64)
         self.s_tok = np.zeros(0, dtype=np.int64)
+        self.s_mem = np.zeros(0, dtype=bool)  # whether its score is at the threshold or above
+        self.red_mark = np.zeros(0, dtype=bool)  # per block: redrawn shared, this call
         self.s_seen: dict[int, set[int]] = {}  # token -> its shared blocks
         self._current = np.zeros(0, dtype=np.int64)  # tokens with a row in this call
         self._redrawn = np.zeros(0, dtype=np.int64)  # this call's redrawn blocks
@@ -96,7 +99,7 @@ class HotSets:
         flat = np.concatenate(seqs)  # the rows' ids in one array (a copy, no per-block work)
         base = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum([len(x) for x in seqs], out=base[1:])
-        step = _Step(rids, seqs, flat, base, start, k)
+        step = self._step = _Step(rids, seqs, flat, base, start, k)
         self._redraw(step, table.heat)
         fresh = self._stale(step, lists)
         self._mark_rows(step, fresh)
@@ -131,6 +134,7 @@ class HotSets:
         self.start = _grown(self.start, requests, 0)
         self.cand_of = _grown(self.cand_of, blocks, NONE)
         self.shared = _grown(self.shared, blocks, False)
+        self.red_mark = _grown(self.red_mark, blocks, False)
 
     def _redraw(self, step: _Step, heat: np.ndarray) -> None:
         """Redraw each middle block with probability ``drift``: positions as geometric gaps
@@ -203,7 +207,7 @@ class HotSets:
         self.c_tok = np.concatenate((self.c_tok, np.full(len(mine), tok)))
         at = np.flatnonzero(~own)
         self.s_seen[tok] = set(mid[at].tolist())
-        self._add_shared(mid[at], at + a, tok)
+        self._add_shared(mid[at], at + a, tok, h[at] >= thr)
         taken = seq[t.owner[seq] != rid]
         owners = t.owner[taken]
         for o in np.unique(owners[owners >= 0]).tolist():
@@ -214,22 +218,29 @@ class HotSets:
         if owner >= len(self.token) or self.token[owner] == NONE:
             return
         tok = int(self.token[owner])
-        if self.row[tok] == NONE:
+        row = int(self.row[tok])
+        if row == NONE:
             return  # not a row of this call: rebuilt when next seen
-        known = self.s_seen[tok]
-        new = [b for b in blocks.tolist() if b not in known]
+        self.shared[blocks] = True
+        pos = t.position[blocks]  # the same in every list holding a block (a prefix)
+        inside = (pos >= self.spec.sink_blocks) & (pos < self._step.start[row])
+        known = self.s_seen[tok]  # (the rest join as the window slides past them)
+        new = [i for i, b in enumerate(blocks[inside].tolist()) if b not in known]
         if not new:
             return
-        known.update(new)
-        ids = np.asarray(new, dtype=np.int64)
-        self.shared[ids] = True
+        ids, pos = blocks[inside][new], pos[inside][new]
+        known.update(ids.tolist())
         self.cand_of[ids[self.cand_of[ids] == tok]] = NONE
-        self._add_shared(ids, t.position[ids], tok)
+        self._add_shared(ids, pos, tok, t.heat[ids] >= self.thr[tok])
 
-    def _add_shared(self, blocks: np.ndarray, positions: np.ndarray, tok: int) -> None:
+    def _add_shared(
+        self, blocks: np.ndarray, positions: np.ndarray, tok: int, member: np.ndarray
+    ) -> None:
+        """Shared middle blocks of pool ``tok`` (``member``: scoring at its threshold)."""
         self.s_blk = np.concatenate((self.s_blk, blocks))
         self.s_pos = np.concatenate((self.s_pos, positions))
         self.s_tok = np.concatenate((self.s_tok, np.full(len(blocks), tok)))
+        self.s_mem = np.concatenate((self.s_mem, member))
 
     def _entering(self, step: _Step, fresh: list[int], t: BlockTable) -> None:
         """Blocks that entered a kept pool's middle (the window slid) or were redrawn in it."""
@@ -245,15 +256,36 @@ class HotSets:
                 tok, b = int(self.token[rids[j]]), int(enter[j])
                 if b not in self.s_seen[tok]:
                     self.s_seen[tok].add(b)
-                    self._add_shared(enter[j : j + 1], at[j : j + 1], tok)
+                    member = t.heat[enter[j : j + 1]] >= self.thr[tok]
+                    self._add_shared(enter[j : j + 1], at[j : j + 1], tok, member)
             self._join(enter[own], self.token[rids[own]], t.heat)
-        red, self._redrawn = self._redrawn, self._redrawn[:0]
-        if len(red):  # only an unshared block scoring above its pool's threshold joins
-            red = red[self._scores >= self.thr[self.token[step.rids]].min()]
-            red = red[~self.shared[red]]
-            tok = self.token[t.owner[red]]
-            ok = (tok != NONE) & (self.row[np.maximum(tok, 0)] != NONE)
-            self._join(red[ok], tok[ok], t.heat)
+        red, scores = self._redrawn, self._scores
+        self._redrawn = self._redrawn[:0]
+        if len(red):
+            self._redrawn_unshared(red, scores, t)
+            self._redrawn_shared(red[self.shared[red]], t.heat)
+
+    def _redrawn_unshared(self, red: np.ndarray, scores: np.ndarray, t: BlockTable) -> None:
+        """Unshared redrawn blocks leave their pool below its threshold, join it above."""
+        unshared = ~self.shared[red]
+        red, scores = red[unshared], scores[unshared]
+        was = self.cand_of[red]
+        left = (was != NONE) & (scores < self.thr[was])
+        self.cand_of[red[left]] = NONE
+        up = scores >= self.thr[self.token[self._step.rids]].min()  # (most fall below)
+        red = red[up]
+        tok = self.token[t.owner[red]]
+        ok = (tok != NONE) & (self.row[np.maximum(tok, 0)] != NONE)
+        self._join(red[ok], tok[ok], t.heat)
+
+    def _redrawn_shared(self, red: np.ndarray, heat: np.ndarray) -> None:
+        """Every pool holding a redrawn shared block tests its new score."""
+        if not len(red):
+            return
+        self.red_mark[red] = True
+        hit = np.flatnonzero(self.red_mark[self.s_blk])
+        self.red_mark[red] = False
+        self.s_mem[hit] = heat[self.s_blk[hit]] >= self.thr[self.s_tok[hit]]
 
     def _join(self, blocks: np.ndarray, toks: np.ndarray, heat: np.ndarray) -> None:
         """Unshared ``blocks`` of pools ``toks`` join them if their score makes it."""
@@ -266,23 +298,21 @@ class HotSets:
         self.c_tok = np.concatenate((self.c_tok, toks))
 
     def _pools(self, heat: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every current pool's blocks (ids, rows); entries of old pools and unshared blocks
-        whose score fell below their pool's threshold leave."""
+        """Every current pool's blocks (ids, rows); entries of old pools leave (shared ones
+        now and then)."""
         blk, tok = self.c_blk, self.c_tok
-        live = (self.cand_of[blk] == tok) & (self.row[tok] != NONE)
-        live &= heat[blk] >= self.thr[tok]
-        gone = blk[~live]
-        self.cand_of[gone[self.cand_of[gone] == tok[~live]]] = NONE
-        self.c_blk, self.c_tok = blk[live], tok[live]
-        s_row = self.row[self.s_tok]
-        keep = s_row != NONE
-        self.s_blk, self.s_pos, self.s_tok = self.s_blk[keep], self.s_pos[keep], self.s_tok[keep]
-        s_row = s_row[keep]
-        a, pos = self.spec.sink_blocks, self.s_pos
-        inside = (pos >= a) & (pos < start[s_row]) & (heat[self.s_blk] >= self.thr[self.s_tok])
-        blk = np.concatenate((self.c_blk, self.s_blk[inside]))
-        row = np.concatenate((self.row[self.c_tok], s_row[inside]))
-        return blk, row
+        c_row = self.row[tok]
+        live = (self.cand_of[blk] == tok) & (c_row != NONE)
+        self.c_blk, self.c_tok, c_row = blk[live], tok[live], c_row[live]
+        if self.calls % 32 == 0:
+            keep = self.row[self.s_tok] != NONE
+            self.s_blk, self.s_pos = self.s_blk[keep], self.s_pos[keep]
+            self.s_tok, self.s_mem = self.s_tok[keep], self.s_mem[keep]
+        at = np.flatnonzero(self.s_mem)
+        s_row = self.row[self.s_tok[at]]
+        ok = s_row != NONE
+        blk = np.concatenate((self.c_blk, self.s_blk[at[ok]]))
+        return blk, np.concatenate((c_row, s_row[ok]))
 
 
 class _Step:
