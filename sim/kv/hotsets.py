@@ -345,32 +345,31 @@ def _top_k(
 ) -> list[np.ndarray] | np.ndarray:
     """Per row, the sorted ids of its ``k`` highest-scoring blocks among ``blk`` (rows
     ``row``); every row has at least ``k``. One k and no tie: rows of one array."""
-    small = row.astype(np.int16) if len(k) < 2**15 else row  # (a radix sort)
-    order = np.argsort(small, kind="stable")
+    rows = len(k)
+    order = np.argsort(row.astype(np.int16) if rows < 2**15 else row, kind="stable")  # radix
     blk, row = blk[order], row[order]
-    counts = np.bincount(row, minlength=len(k))
+    h = heat[blk]
+    counts = np.bincount(row, minlength=rows)
     width = int(counts.max())
-    start = np.zeros(len(k) + 1, dtype=np.int64)
-    np.cumsum(counts, out=start[1:])
-    col = np.arange(len(blk)) - start[row]
-    grid = np.full((len(k), width), -np.inf)
-    grid[row, col] = heat[blk]
-    if k.min() == k.max():
-        kk = int(k[0])
-        if kk == 0:
-            return np.zeros((len(k), 0), dtype=blk.dtype)
-        kth = np.partition(grid, width - kk, axis=1)[:, width - kk]
+    first = np.cumsum(counts) - counts
+    grid = np.full(rows * width, -np.inf)
+    grid[row * width + (np.arange(len(blk)) - first[row])] = h
+    grid = grid.reshape(rows, width)
+    one = int(k[0]) if k.min() == k.max() else None
+    if one == 0:
+        return np.zeros((rows, 0), dtype=blk.dtype)
+    if one is not None:
+        kth = np.partition(grid, width - one, axis=1)[:, width - one]
     else:
         grid.sort(axis=1)
-        kth = np.where(k > 0, grid[np.arange(len(k)), np.maximum(width - k, 0)], np.inf)
-    chosen = heat[blk] >= kth[row]
-    got = np.bincount(row[chosen], minlength=len(k))
+        kth = np.where(k > 0, grid[np.arange(rows), np.maximum(width - k, 0)], np.inf)
+    chosen = h >= kth[row]
     ids = blk[chosen]
-    ties = np.flatnonzero(got != k).tolist()
-    if not ties and k.min() == k.max():  # one k: the sets are rows of one array
-        return np.sort(ids.reshape(len(k), -1), axis=1)
+    if one is not None and len(ids) == rows * one:  # each row took k: no tie at the k-th
+        return np.sort(ids.reshape(rows, one), axis=1)
+    got = np.bincount(row[chosen], minlength=rows)
     out = np.split(ids, np.cumsum(got)[:-1])
-    for i in ties:  # a tie at the k-th score: as argpartition
-        mine = blk[start[i] : start[i + 1]]
+    for i in np.flatnonzero(got != k).tolist():  # a tie at the k-th score: as argpartition
+        mine = blk[first[i] : first[i] + counts[i]]
         out[i] = mine[np.argpartition(-heat[mine], k[i] - 1)[: k[i]]] if k[i] else mine[:0]
     return [np.sort(x) for x in out]
