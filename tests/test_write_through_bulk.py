@@ -1,7 +1,7 @@
 """Offload write-through in bulk (``OffloadMode._write_through_bulk``) equals the loop that
 registers and copies one block at a time, which is kept as the reference: the same requests,
 timeline and summary for every online eviction policy, with DRAM and SSD both full (each copy
-down evicts, and SSD's victims are dropped)."""
+down evicts, and SSD's victims are dropped), and with no SSD (DRAM's victims are dropped)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,20 @@ from tests.test_bit_identity import _multi_turn
 POLICIES = ["s3fifo", "lru", "fifo", "arc", "lfu", "sieve", "gds", "length_aware"]
 
 
-def config(policy: str):
+def config(policy: str, ssd: str):
     return make_config(
         "kv.mode=offload", f"kv.eviction={policy}", "engine.kv_pool_blocks=600",
-        "kv.dram_capacity=96MiB", "kv.ssd_capacity=160MiB",
+        "kv.dram_capacity=96MiB", f"kv.ssd_capacity={ssd}",
         workload=_multi_turn(20),
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_bulk_write_through_equals_the_loop(monkeypatch, policy):
-    evicted, ssd = [], []
+@pytest.mark.parametrize("ssd", ["160MiB", "0"])
+def test_bulk_write_through_equals_the_loop(monkeypatch, policy, ssd):
+    """With an SSD DRAM's victims go down (and SSD's are dropped); without one they are
+    dropped at once (GDS, which prices that loss, keeps the loop)."""
+    evicted, ssd_victims = [], []
     real, real_evict = Tier.add_evicting, Tier.evict
 
     def counting(self, blocks, now):
@@ -37,15 +40,19 @@ def test_bulk_write_through_equals_the_loop(monkeypatch, policy):
     def ssd_evict(self, n, pinned=None):
         out = real_evict(self, n, pinned)
         if self.name == "ssd":
-            ssd.extend(out)
+            ssd_victims.extend(out)
         return out
 
     monkeypatch.setattr(Tier, "add_evicting", counting)
     monkeypatch.setattr(Tier, "evict", ssd_evict)
-    bulk = simulate(config(policy))
-    assert len(evicted) > 100 and len(ssd) > 100  # DRAM and SSD were full: both evicted
+    bulk = simulate(config(policy, ssd))
+    if ssd == "0" and policy == "gds":
+        assert evicted == []  # the loop
+    else:
+        assert len(evicted) > 100  # DRAM was full: the bulk path evicted
+        assert ssd == "0" or len(ssd_victims) > 100  # and SSD, where there is one
     monkeypatch.setattr(OffloadMode, "_write_through_bulk", lambda *args: False)
-    loop = simulate(config(policy))
+    loop = simulate(config(policy, ssd))
     assert bulk.summary["ssd_hit_rate"] == loop.summary["ssd_hit_rate"]
     assert loop.requests.equals(bulk.requests)
     assert loop.timeline.equals(bulk.timeline)

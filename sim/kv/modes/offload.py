@@ -4,6 +4,8 @@ lower-tier hit is loaded, not recomputed."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from sim.kv.modes.base import Mode
@@ -34,8 +36,9 @@ class OffloadMode(Mode):
         self, blocks: list[int], hashes: np.ndarray, start: int, end: int
     ) -> bool:
         """:meth:`register`'s loop in bulk, when every block registers (its hash new and
-        distinct: no drop during the loop can change that) and DRAM's victims go down to
-        SSD (DRAM's policy then prices no loss, so no drop changes it); False: not done.
+        distinct: no drop during the loop can change that) and DRAM's policy prices no loss
+        (its victims go down to SSD, or it takes no cost: no drop changes what it sees);
+        False: not done.
 
         NOTE: DRAM's side (evict one when full, insert the block) runs first, for all the
         blocks (:meth:`Tier.add_evicting`); then each victim goes down in the loop's order,
@@ -50,7 +53,7 @@ class OffloadMode(Mode):
             or NO_HASH in keys
             or not table.index.keys().isdisjoint(keys)
             or len(set(keys)) != len(keys)
-            or kv.cascade.below(dram) is None
+            or (kv.cascade.below(dram) is None and _prices_loss(dram.policy))
         ):
             return False
         ids = blocks[start:end]
@@ -69,3 +72,9 @@ class OffloadMode(Mode):
                 cascade.demote(v, dram)
             copies.add("d2h", dram.block_bytes, blocking=False)
         return True
+
+
+def _prices_loss(policy: object) -> bool:
+    """Whether an eviction policy takes a cost (what losing a block costs, which drops
+    during a registration could change)."""
+    return "cost" in inspect.signature(type(policy)).parameters
