@@ -15,8 +15,9 @@ and selects without visiting every middle block:
   score when that sequence redraws it, so its pool follows its own redraws (a redrawn block
   joins or leaves by its new score) and the block entering the middle as the window slides;
   a block shared with another running request (``ref > 1``, or taken from another's
-  prefix) may be redrawn by either, so the pool tests its score every step. A pool that
-  falls below ``k`` (or grows far past its size) is rebuilt from a scan.
+  prefix) may be redrawn by either, so every pool holding it in its middle keeps an entry
+  for it, tested whenever any holder redraws it. A pool that falls below ``k`` (or grows
+  far past its size) is rebuilt from a scan.
 
 Within a step every redraw lands before any sequence selects (the batch attends at once); the
 plain loop of :meth:`decode_blocks` let a sequence see a shared block's redraw by a later
@@ -106,14 +107,14 @@ class HotSets:
         for i in fresh:
             self._build(step, i, table)
         self._entering(step, fresh, table)
-        blk, row = self._pools(table.heat, start)
+        blk, row = self._pools()
         counts = np.bincount(row, minlength=len(k))
         cap = 4 * (k + np.ceil(4 * np.sqrt(k)) + 8) + 64
         redo = np.flatnonzero((counts < k) | (counts > cap)).tolist()
         if redo:
             for i in redo:
                 self._build(step, i, table)
-            blk, row = self._pools(table.heat, start)
+            blk, row = self._pools()
         self.seen[rids], self.start[rids] = self.calls, start
         self.lists.update(zip(step.rows, lists, strict=True))
         self._current = self.token[rids]
@@ -297,7 +298,7 @@ class HotSets:
         self.c_blk = np.concatenate((self.c_blk, blocks))
         self.c_tok = np.concatenate((self.c_tok, toks))
 
-    def _pools(self, heat: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _pools(self) -> tuple[np.ndarray, np.ndarray]:
         """Every current pool's blocks (ids, rows); entries of old pools leave (shared ones
         now and then)."""
         blk, tok = self.c_blk, self.c_tok
