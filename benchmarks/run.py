@@ -116,7 +116,8 @@ SCALE = {
 
 @dataclass(frozen=True)
 class Workload:
-    """One benchmark row: an engine config, or the replay table (``config`` None)."""
+    """One benchmark row: an engine config, the replay table (``config`` None), or a whole
+    ``kvsim`` process (``extra["argv"]``: its arguments; a run's ``--out`` is added)."""
 
     key: str
     title: str
@@ -148,6 +149,17 @@ WORKLOADS = (
     Workload("6", "peer: Azure conv 4k, hbm", _peer(4000), quick=True, target="<= 2.3 s"),
     Workload("6-16k", "peer: Azure conv 16k, hbm", _peer(16_000), target="<= 4 s"),
     Workload("scale", "synthetic 1,000,000 requests", SCALE, target="< 4 GB"),
+    # whole processes (interpreter start, imports, run, files written), as /usr/bin/time sees them
+    Workload(
+        "help", "process: kvsim --help", quick=True, target="<= 0.3 s", extra={"argv": ["--help"]}
+    ),
+    Workload(
+        "6-run",
+        "process: kvsim run benchmarks/peer.yaml",
+        quick=True,
+        target="<= 1.0 s",
+        extra={"argv": ["run", "benchmarks/peer.yaml", "--force", "--quiet", "--out"]},
+    ),
 )
 BY_KEY = {w.key: w for w in WORKLOADS}
 
@@ -209,6 +221,18 @@ def _run_replay() -> dict:
     return {"wall_s": wall, "sim_s": None, "steps": None, "events": accesses, "jobs": jobs}
 
 
+def _run_process(argv: list[str]) -> dict:
+    """``python -m sim ARGV`` as a process of its own (a run writes a temporary folder)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [*argv, str(Path(tmp) / "run")] if argv[-1] == "--out" else argv
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "sim", *args], check=True, capture_output=True)
+        wall = time.perf_counter() - start
+    return {"wall_s": wall, "sim_s": None, "steps": None, "events": None}
+
+
 def capped(config: dict, max_requests: int | None) -> dict:
     """A copy of an engine workload's config cut to its first ``max_requests`` requests (a
     trace's first ones; a drawn workload draws that many)."""
@@ -229,7 +253,9 @@ def child(key: str, max_requests: int | None = None, profile: Path | None = None
     cpu = _cpu_s()
     if profiler is not None:
         profiler.start()
-    if workload.config is None:
+    if "argv" in workload.extra:
+        row = _run_process(workload.extra["argv"])
+    elif workload.config is None:
         row = _run_replay()
     else:
         row = _run_engine(capped(workload.config, max_requests))

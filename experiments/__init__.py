@@ -5,6 +5,15 @@
 
 from __future__ import annotations
 
-from experiments.store import load
+from typing import Any
 
 __all__ = ["load"]
+
+
+def __getattr__(name: str) -> Any:
+    """``load`` on first use: importing the package (for its ``kvsim`` commands) stays quick."""
+    if name == "load":
+        from experiments.store import load
+
+        return load
+    raise AttributeError(f"module 'experiments' has no attribute {name!r}")

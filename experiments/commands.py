@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.commands.lazy import LazyChoices
 from sim.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -50,10 +51,20 @@ def plot_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_look_options(parser: argparse.ArgumentParser) -> None:
-    """``kvsim plot``'s options for how the figure looks (any kind)."""
+def _kinds() -> list[str]:
+    from experiments.plots import PLOTS  # (imported when needed: matplotlib is slow to load)
+
+    return sorted(PLOTS)
+
+
+def _legends() -> tuple[str, ...]:
     from experiments.plots import LEGENDS
 
+    return tuple(LEGENDS)
+
+
+def _add_look_options(parser: argparse.ArgumentParser) -> None:
+    """``kvsim plot``'s options for how the figure looks (any kind)."""
     look = parser.add_argument_group("how it looks (any kind; default: the figure's own)")
     look.add_argument("--title", help="figure title ('' for none; default: model, GPU, KV mode)")
     look.add_argument("--xlabel", help="x axis label")
@@ -63,7 +74,7 @@ def _add_look_options(parser: argparse.ArgumentParser) -> None:
                       "for a negative LOW")  # fmt: skip
     look.add_argument("--ylim", metavar="LOW,HIGH", help="y range, as --xlim")
     look.add_argument(
-        "--legend", choices=LEGENDS, metavar="WHERE",
+        "--legend", choices=LazyChoices(_legends), metavar="WHERE",
         help="'outside' (right of the panels), 'none', or a matplotlib location ('best', "
         "'upper left', ...); default: inside while it is small and the panel alone",
     )  # fmt: skip
@@ -81,8 +92,6 @@ def _add_look_options(parser: argparse.ArgumentParser) -> None:
 
 def add_plot_command(sub: argparse._SubParsersAction) -> None:
     """Register ``kvsim plot PATH... --kind K [--out FILE] [--where KEY=VALUE] ...``."""
-    from experiments.plots import PLOTS
-
     parser = sub.add_parser(
         "plot",
         help="draw a figure from run directories, a sweep directory or a replay CSV",
@@ -93,7 +102,8 @@ def add_plot_command(sub: argparse._SubParsersAction) -> None:
         help="run directories (one panel or line each), a sweep directory, or a "
         "'kvsim replay' CSV (hit-rate)",
     )  # fmt: skip
-    parser.add_argument("--kind", choices=sorted(PLOTS), default="hbm-pressure")
+    parser.add_argument("--kind", choices=LazyChoices(_kinds), default="hbm-pressure",
+                        metavar="KIND", help="%(choices)s (default: hbm-pressure)")  # fmt: skip
     parser.add_argument(
         "--out", type=Path, metavar="FILE", help="PNG, PDF or SVG file (default: PATH/KIND.png)"
     )

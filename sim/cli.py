@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from sim.errors import KvsimError
-from sim.observe.invariants import InvariantViolation
 
 BUILTIN_COMMANDS = ("sim.commands.run", "sim.commands.replay", "sim.commands.trace")
 EXIT_USAGE = 2  # a bad input: config, trace, sweep file, output folder
@@ -39,12 +38,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except InvariantViolation as error:
-        print(f"kvsim: internal error (please report it): {error}", file=sys.stderr)
-        return EXIT_INVARIANT
     except KvsimError as error:
+        if _is_invariant_violation(error):
+            print(f"kvsim: internal error (please report it): {error}", file=sys.stderr)
+            return EXIT_INVARIANT
         print(f"kvsim: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _is_invariant_violation(error: BaseException) -> bool:
+    """Whether ``error`` is the simulator's own broken invariant (its module is imported by
+    then: only a run that checked invariants raises one; the parser does not import it)."""
+    invariants = sys.modules.get("sim.observe.invariants")
+    return invariants is not None and isinstance(error, invariants.InvariantViolation)
 
 
 if __name__ == "__main__":

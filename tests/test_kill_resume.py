@@ -186,7 +186,7 @@ def refuse_before_running(monkeypatch) -> None:
     def no_run(*args, **kwargs):
         raise AssertionError("the run started before the output folder was checked")
 
-    monkeypatch.setattr("sim.commands.run.simulate", no_run)
+    monkeypatch.setattr("sim.run.simulate", no_run)
     monkeypatch.setattr("experiments.tasks.simulate", no_run)
 
 

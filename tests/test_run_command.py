@@ -52,7 +52,7 @@ def no_run(*args, **kwargs):
 def test_progress_bar_draws_requests_done_and_simulated_time_on_a_terminal(tmp_path, monkeypatch):
     terminal = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr("sim.commands.run.RunProgress", EAGER)
+    monkeypatch.setattr("sim.observe.progress.RunProgress", EAGER)
     out = tmp_path / "out"
     assert main(["run", str(write_config(tmp_path)), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -69,7 +69,7 @@ def test_progress_bar_draws_requests_done_and_simulated_time_on_a_terminal(tmp_p
 def test_progress_bar_is_silent_off_a_terminal_and_with_quiet(tmp_path, monkeypatch, tty, flags):
     stream = FakeTerminal() if tty else io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    monkeypatch.setattr("sim.commands.run.RunProgress", EAGER)
+    monkeypatch.setattr("sim.observe.progress.RunProgress", EAGER)
     assert main(["run", str(write_config(tmp_path)), "--out", str(tmp_path / "o"), *flags]) == 0
     assert stream.getvalue() == ""
 
@@ -145,7 +145,7 @@ def stub_summary(monkeypatch, **keys) -> None:
         result.summary.update(keys)
         return result
 
-    monkeypatch.setattr("sim.commands.run.simulate", stubbed)
+    monkeypatch.setattr("sim.run.simulate", stubbed)
 
 
 def test_overloaded_run_prints_one_warning_line_with_both_rates(tmp_path, capsys, monkeypatch):
@@ -177,7 +177,7 @@ def test_non_empty_out_is_refused_without_force_before_the_run(tmp_path, capsys,
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    monkeypatch.setattr("sim.commands.run.simulate", no_run)
+    monkeypatch.setattr("sim.run.simulate", no_run)
     assert main(["run", str(write_config(tmp_path)), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvsim: error: ") and err.count("\n") == 1, err
@@ -202,7 +202,7 @@ def test_force_does_not_replace_a_folder_of_folders(tmp_path, capsys, monkeypatc
     out = tmp_path / "sweep"
     (out / "points" / "abc").mkdir(parents=True)
     (out / "sweep.json").write_text("{}")
-    monkeypatch.setattr("sim.commands.run.simulate", no_run)
+    monkeypatch.setattr("sim.run.simulate", no_run)
     assert main(["run", str(write_config(tmp_path)), "--out", str(out), "--force"]) == 2
     err = capsys.readouterr().err
     assert f"{out}: holds folders (points/)" in err and "choose another --out" in err

@@ -14,21 +14,31 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sim.replay import (
-    FORMATS,
-    ReplayTrace,
-    format_table,
-    parse_capacities,
-    parse_policies,
-    read_replay_trace,
-    replay_table,
-    write_csv,
-)
+from sim.commands.lazy import LazyChoices
+
+if TYPE_CHECKING:
+    from sim.replay import ReplayTrace
+
+
+def _formats() -> tuple[str, ...]:
+    from sim.replay import FORMATS
+
+    return FORMATS
 
 
 def replay_command(args: argparse.Namespace) -> int:
     """Read the trace, replay every (policy, capacity), print the table, write the CSV."""
+    from sim.replay import (
+        format_table,
+        parse_capacities,
+        parse_policies,
+        read_replay_trace,
+        replay_table,
+        write_csv,
+    )
+
     capacities = parse_capacities(args.capacities)
     policies = parse_policies(args.policies, args.param)
     trace = read_replay_trace(
@@ -87,7 +97,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("trace", help="trace file (as given, then under $KVSIM_TRACES)")
-    parser.add_argument("--format", default="mooncake", choices=FORMATS, help="default: mooncake")
+    parser.add_argument("--format", default="mooncake", choices=LazyChoices(_formats),
+                        metavar="FORMAT", help="%(choices)s (default: mooncake)")  # fmt: skip
     parser.add_argument(
         "--capacities", required=True, metavar="N,N,...", help="pool sizes in blocks"
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sim.config.loader import load_config
 from sim.errors import ConfigError, KvsimError
-from sim.observe.progress import RunProgress
-from sim.run import RunResult, simulate
-from sim.rundir import check_writable, write_run
 from sim.units import format_bytes
+
+if TYPE_CHECKING:
+    from sim.run import RunResult
 
 SUMMARY_ROWS = (
     ("requests finished", "requests_finished", "{:d}"),
@@ -166,6 +166,11 @@ def check_out(out: Path, force: bool) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Load, check the output folder, simulate (a progress bar on a terminal), print the
     summary and any overload warning, write the run directory."""
+    from sim.config.loader import load_config  # (imported here: `kvsim --help` stays quick)
+    from sim.observe.progress import RunProgress
+    from sim.run import simulate
+    from sim.rundir import check_writable, write_run
+
     overrides = [*args.set, *([f"engine.check={args.check}"] if args.check is not None else [])]
     config = load_config(args.config, overrides)
     out = check_writable(args.out or Path("runs") / Path(args.config).stem)

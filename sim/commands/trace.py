@@ -7,11 +7,21 @@ import json
 import sys
 from pathlib import Path
 
-from sim.config.loader import validate
-from sim.config.workload import TIME_UNITS, TRACE_FORMATS, TraceSource
+from sim.commands.lazy import LazyChoices
 from sim.errors import ConfigError
-from sim.workload.trace import load_source
-from sim.workload.tracestats import format_stats, trace_stats
+
+
+def _formats() -> tuple[str, ...]:
+    from sim.config.workload import TRACE_FORMATS
+
+    return tuple(TRACE_FORMATS)
+
+
+def _time_units() -> tuple[str, ...]:
+    from sim.config.workload import TIME_UNITS
+
+    return tuple(TIME_UNITS)
+
 
 COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "session", "hash_ids")
 
@@ -32,6 +42,11 @@ def parse_columns(text: str) -> dict[str, str]:
 
 def stats_command(args: argparse.Namespace) -> int:
     """Read the trace, print its statistics (table or one JSON object)."""
+    from sim.config.loader import validate
+    from sim.config.workload import TraceSource
+    from sim.workload.trace import load_source
+    from sim.workload.tracestats import format_stats, trace_stats
+
     source: dict[str, object] = {"format": args.format, "path": args.trace}
     if args.columns:
         source["columns"] = parse_columns(args.columns)
@@ -67,14 +82,16 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         description="Statistics of one trace file (relative paths: here, then $KVSIM_TRACES).",
     )
     stats.add_argument("trace", help="trace file")
-    stats.add_argument("--format", required=True, choices=TRACE_FORMATS)
+    stats.add_argument("--format", required=True, choices=LazyChoices(_formats),
+                       metavar="FORMAT", help="one of %(choices)s")  # fmt: skip
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.add_argument(
         "--columns",
         metavar="FIELD=COLUMN,...",
         help="csv/jsonl column mapping, e.g. arrival=ts,prompt_tokens=in,output_tokens=out",
     )
-    stats.add_argument("--time-unit", choices=TIME_UNITS, help="csv/jsonl time unit (default s)")
+    stats.add_argument("--time-unit", choices=LazyChoices(_time_units), metavar="UNIT",
+                       help="csv/jsonl time unit: %(choices)s (default s)")  # fmt: skip
     stats.add_argument(
         "--hash-block-tokens", type=int, metavar="N", help="tokens per block of hash_ids"
     )

@@ -89,7 +89,9 @@ def read_sets(
         return reads, attended
     decode = np.flatnonzero(is_decode(new, context, prompt[ids])).tolist()
     if decode:  # all of the step's sparse decodes in one batch, in batch order
-        picked = access.decode_blocks_many([reads[i] for i in decode], table.heat)
+        rids = ids[decode].tolist()
+        lists = [holdings.blocks[r] for r in rids]
+        picked = access.decode_sets(rids, [reads[i] for i in decode], lists, table)
         for i, blocks in zip(decode, picked, strict=True):
             reads[i] = blocks
         sizes = np.array([len(b) for b in picked], dtype=context.dtype) * block_tokens
