@@ -23,7 +23,11 @@ class Cluster:
         plan = plan_hbm(config, cost)
         self.fabric = Fabric(config.hardware)
         self.host: HostPool = host_pool(config, self.fabric.table, self._lost_cost())
-        self.instance = Instance(config, requests, self.fabric, self.host, cost, plan, gpu=0)
+        gpus = range(config.tensor_parallel_size)  # the first N GPUs of the node
+        links = self.fabric.tp_links(gpus, plan.kv_share) if len(gpus) > 1 else None
+        self.instance = Instance(
+            config, requests, self.fabric, self.host, cost, plan, gpu=0, links=links
+        )
         self.instances = [self.instance]
         self.feed = ArrivalFeed(self.fabric.env, requests.arrival_s, self.instance)
         self.instance.arrivals = self.feed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.base import DTYPE_BYTES, Strict
 from sim.config.errors import KeyedValueError
@@ -30,6 +30,25 @@ class EngineConfig(Strict):
     kv_heat_interval_s: float = Field(0.0, ge=0)  # record a step at most this often (0 = all)
     check: bool = False  # verify invariants after every step and run (sim/observe/invariants.py)
     decode_runs: bool = True  # take steps that need no clock at once (sim/instance/runs.py)
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="GPUs one instance spans (vLLM's name); weights, KV heads and "
+        "activations are split per GPU, collectives priced over `hardware.interconnect`",
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="pipeline stages; only 1 (pipeline parallelism is not modelled)"
+    )
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _no_pipeline(cls, size: int) -> int:
+        if size > 1:
+            raise ValueError(
+                f"pipeline parallelism is not modelled (a later issue): expected 1; use "
+                f"engine.tensor_parallel_size to spread a model over {size} GPUs"
+            )
+        return size
 
 
 class RunConfig(Strict):
@@ -51,6 +70,18 @@ class RunConfig(Strict):
                 f"NVLink-C2C on gh200); {self.hardware.name!r} has {self.hardware.link.kind}",
             )
         return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_fits(self) -> RunConfig:
+        from sim.config.parallel import check_tensor_parallel
+
+        check_tensor_parallel(self.model, self.hardware, self.engine.tensor_parallel_size)
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs of one instance."""
+        return self.engine.tensor_parallel_size
 
     @property
     def kv_dtype_bytes(self) -> float:

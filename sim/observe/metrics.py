@@ -169,4 +169,6 @@ def tier_summary(instance: Instance) -> dict:
         "ssd_write_bytes": links.ssd_write.bytes_delivered,
         "stall_s": instance.stall_s,
         "swaps": c.swaps,
+        "tensor_parallel_size": instance.plan.gpus,
+        "gpus": instance.plan.gpus,  # the instance's GPUs (a cluster of one: all of them)
     }
