@@ -99,11 +99,15 @@ class RunConfig(Strict):
 
     def tier_capacity(self, tier: str) -> tuple[str, float]:
         """The key that sets KV's room in ``dram`` or ``ssd`` (``kv.dram_capacity`` where
-        given, else ``hardware.dram.capacity``) and its bytes."""
+        given, else ``hardware.dram.capacity``, per GPU: times ``tensor_parallel_size``) and
+        its bytes."""
         own = getattr(self.kv, f"{tier}_capacity")
         if own is not None:
             return f"kv.{tier}_capacity", own
-        return f"hardware.{tier}.capacity", getattr(self.hardware, tier).capacity
+        capacity = getattr(self.hardware, tier).capacity
+        if tier == "dram" and self.tensor_parallel_size > 1:  # each GPU's share of the host
+            return "hardware.dram.capacity", capacity * self.tensor_parallel_size
+        return f"hardware.{tier}.capacity", capacity
 
     def tier_block_bytes(self, tier: str) -> float:
         """Bytes of one KV block (``block_tokens`` tokens, all layers) in a tier."""

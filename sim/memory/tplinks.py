@@ -33,7 +33,7 @@ class SplitLink:
     @property
     def links(self) -> list[Link]:
         """The distinct physical links, in order."""
-        return list(dict.fromkeys(self.parts))
+        return list({id(link): link for link in self.parts}.values())
 
     def transfer(
         self, nbytes: float, chunk_bytes: float | None = None, latencies: int = 1
