@@ -227,3 +227,26 @@ def test_tp_4_decodes_in_half_to_two_thirds_of_tp_2s_tpot_and_shared_links_cost_
     # by the extra link time (bytes / bandwidth), and TP 4 gains over TP 2 what 2 links give
     assert tpot[4, 2] > 1.2 * tpot[4, 1] and tpot[2, 2] > 1.2 * tpot[2, 1]
     assert 0.45 <= tpot[4, 2] / tpot[2, 2] <= 0.7
+
+
+@pytest.mark.parametrize(
+    ("n", "kv"),
+    [(2, {"mode": "hbm"}), (4, {"mode": "offload"}), (8, {"mode": "dram_centric"}),
+     (2, {"mode": "dram_centric", "access": {"kind": "sparse"}})],
+)  # fmt: skip
+def test_runs_ahead_equal_the_step_loop_and_keep_the_invariants(n, kv):
+    workload = {
+        "kind": "synthetic",
+        "num_requests": 30,
+        "arrival": {"kind": "poisson", "rate": 4.0},
+        "prompt_tokens": {"kind": "uniform", "min": 500, "max": 6000},
+        "output_tokens": {"kind": "uniform", "min": 10, "max": 300},
+    }
+    checked = simulate(config(n, "engine.check=true", kv=kv, workload=workload))
+    stepwise = simulate(config(n, "engine.decode_runs=false", kv=kv, workload=workload))
+    assert checked.summary["requests_finished"] == 30
+    pd.testing.assert_frame_equal(checked.timeline, stepwise.timeline)
+    pd.testing.assert_frame_equal(checked.requests, stepwise.requests)
+    tl = checked.timeline
+    # the HBM columns are one GPU's: never above its capacity
+    assert (tl.hbm_free_bytes >= 0).all() and (tl.hbm_weights_bytes < 80 * 2**30 / n * 2).all()
