@@ -66,6 +66,7 @@ def runs(tmp_path_factory) -> list[Path]:
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     overrides = [[SMALL, *mode] for mode in MODES]
     overrides.append([f"workload={{kind: trace, format: mooncake, path: {trace}}}"])
+    overrides.append([SMALL, "engine.tensor_parallel_size=2"])  # comm_s
     out = []
     for i, sets in enumerate(overrides):
         result = simulate(load_config(QUICKSTART, sets))
