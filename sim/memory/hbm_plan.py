@@ -117,14 +117,23 @@ def _per_gpu(n: int) -> str:
     return "" if n == 1 else f" (per GPU, engine.tensor_parallel_size {n})"
 
 
+def _weights_key(config: RunConfig, plan: HbmPlan) -> str:
+    """The key to blame for weights that do not fit: the utilisation where the whole HBM
+    would hold them, else a capacity or degree the run wrote, else the model."""
+    if plan.weights <= plan.capacity and set_by_run(config, "engine.gpu_memory_utilization"):
+        return "engine.gpu_memory_utilization"
+    for key in ("hardware.hbm.capacity", "engine.tensor_parallel_size"):
+        if set_by_run(config, key):
+            return key
+    return "model"
+
+
 def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
     """Refuse weights that alone exceed a GPU's usable HBM, saying so."""
     if plan.weights <= plan.usable:
         return
     n, hw = config.tensor_parallel_size, config.hardware
-    key = plan.pool_key(config)
-    if key == "model" and set_by_run(config, "engine.tensor_parallel_size"):
-        key = "engine.tensor_parallel_size"
+    key = _weights_key(config, plan)
     raise ConfigError(
         f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: its weights "
         f"alone, {format_bytes(plan.weights)} per GPU, exceed engine.gpu_memory_utilization "
