@@ -135,10 +135,10 @@ def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
     n, hw = config.tensor_parallel_size, config.hardware
     key = _weights_key(config, plan)
     raise ConfigError(
-        f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: its weights "
-        f"alone, {format_bytes(plan.weights)} per GPU, exceed engine.gpu_memory_utilization "
-        f"{config.engine.gpu_memory_utilization:g} x hardware.hbm.capacity "
-        f"{format_bytes(hw.hbm.capacity)} ({format_bytes(plan.usable)}); expected a larger "
-        "engine.tensor_parallel_size, a smaller dtype or a larger HBM",
+        f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: the model "
+        f"weights {format_bytes(plan.weights)} per GPU alone exceed "
+        f"engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g} x "
+        f"hardware.hbm.capacity {format_bytes(hw.hbm.capacity)} ({format_bytes(plan.usable)}); "
+        "expected a larger HBM, a larger engine.tensor_parallel_size or a smaller dtype",
         key=key,
     )
