@@ -120,7 +120,7 @@ def _kv_strip(ax: plt.Axes, top: plt.Axes, table: pd.DataFrame) -> None:
     _stack(ax, table, KV_PARTS)
     ax.plot(table.time_s, table.kv_pool_gib, color="#c44e52", lw=1, ls=":", label="KV pool",
             drawstyle="steps-post")  # fmt: skip
-    ax.set(xlabel=top.get_xlabel(), ylabel="KV (GiB)")
+    ax.set(xlabel=top.get_xlabel(), ylabel="KV per GPU (GiB)")
     top.set_xlabel("")
     ax.set_xlim(top.get_xlim())
     ax.set_ylim(0, max(_kv_top(table), 1e-9) * 1.08)
