@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from sim.config.parallel import shard_model
+from typing import TYPE_CHECKING
+
 from sim.config.run import RunConfig
-from sim.cost.collectives import CollectiveParams, Collectives
 from sim.cost.roofline import CostModel, CostParams
 from sim.cost.tables import TableCostModel, operator_table
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sim.cost.collectives import Collectives
 
 
 def cost_model_for(config: RunConfig) -> CostModel:
@@ -16,6 +19,8 @@ def cost_model_for(config: RunConfig) -> CostModel:
     :class:`sim.cost.tables.TableCostModel`; a table that cannot price the model (unread,
     another dtype, an operator missing) is a ConfigError on ``hardware.cost_table``, raised
     before anything runs (``kvsim run``, and each sweep point when the sweep is read)."""
+    from sim.config.parallel import shard_model  # tensor parallelism, loaded when used
+
     params = CostParams.from_hardware(config.hardware)
     n = config.tensor_parallel_size
     model, comm = shard_model(config.model, n), collectives_for(config)
@@ -33,4 +38,6 @@ def collectives_for(config: RunConfig) -> Collectives | None:
     n, link = config.tensor_parallel_size, config.hardware.interconnect
     if n == 1 or link is None:
         return None
+    from sim.cost.collectives import CollectiveParams, Collectives
+
     return Collectives(config.model, CollectiveParams.from_interconnect(link), n)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.config.hardware import HardwareSpec, Kernel
 from sim.config.model import ModelSpec
-from sim.cost.collectives import Collectives
+
+if TYPE_CHECKING:  # built by the factory only under tensor parallelism
+    from sim.cost.collectives import Collectives
 
 LOGIT_BYTES = 4.0  # logits and sampling probabilities are fp32
 LOGIT_COPIES = 2.0  # logits + softmax probabilities live at once

@@ -20,6 +20,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,10 +28,12 @@ import pandas as pd
 from sim.config.hardware import HardwareSpec
 from sim.config.model import ModelSpec
 from sim.config.paths import resolve_table_path
-from sim.cost.collectives import Collectives
 from sim.cost.optables import VIDUR_DTYPE_BYTES, read_measurements
 from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams, gemm_seconds
 from sim.errors import KvsimError
+
+if TYPE_CHECKING:
+    from sim.cost.collectives import Collectives
 
 LAYER_KERNELS = {**KERNELS_PER_LAYER, "activation": 1}  # dense models: one MLP per layer
 GEMM_NAMES = ("QKV projection", "output projection", "MLP up(+gate)", "MLP down")

@@ -7,6 +7,8 @@ It gets the clock, its GPU's links and the host's KV pool from whoever builds th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import simpy
 
@@ -30,7 +32,9 @@ from sim.kv.pools import HostPool
 from sim.memory.fabric import Fabric
 from sim.memory.hbm_plan import HbmPlan
 from sim.memory.links import Links
-from sim.memory.tplinks import TpLinks
+
+if TYPE_CHECKING:
+    from sim.memory.tplinks import TpLinks
 from sim.workload.requests import Requests
 
 ACCESS_STREAM = 0x6B76  # the access model's random stream, apart from the workload's

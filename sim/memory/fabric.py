@@ -10,13 +10,16 @@ creates a clock or a link itself).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import simpy
 
 from sim.config.hardware import HardwareSpec
 from sim.memory.blocks import BlockTable
 from sim.memory.links import Link, Links
-from sim.memory.tplinks import SplitLink, TpLinks
+
+if TYPE_CHECKING:
+    from sim.memory.tplinks import TpLinks
 
 
 @dataclass
@@ -41,6 +44,8 @@ class Fabric:
         transfer (its KV heads). The host DRAM the GPUs read and write caps their links
         together: a socket's ``dram.bandwidth`` (shared by ``dram.shared_by`` GPUs) over the
         distinct links the instance uses, which a split transfer keeps busy together."""
+        from sim.memory.tplinks import SplitLink, TpLinks  # tensor parallelism only
+
         hw = self.hardware
         per_gpu = [self.links_for(g) for g in gpus]
         distinct = list(dict.fromkeys(id(links) for links in per_gpu))
