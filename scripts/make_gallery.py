@@ -7,8 +7,9 @@ figures into ``--out``. Times are on two cores.
     python scripts/make_gallery.py                          # every group (~40 min)
     python scripts/make_gallery.py --only seed-study,mooncake-replay   # ~4 min
 
-Groups: seed-study (~1 min), workload-mix (~5 min), mooncake-replay (~3 min; needs the
-Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min; traces).
+Groups: seed-study (~1 min), tp-study (~20 s), workload-mix (~5 min), mooncake-replay (~3 min;
+needs the Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min;
+traces).
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def seed_study(runs: Path, img: Path, workers: int) -> None:
     kvsim("plot", r, "--kind", "link", "--where", "hardware=h100-sxm", "--where",
           "model=llama-3-70b", *big, "--where", "kv.mode=dram_centric",
           "--out", img / "seed-study-link.png")  # fmt: skip
+
+
+def tp_study(runs: Path, img: Path, workers: int) -> None:
+    """Llama-3-70B bf16 on 2, 4, 8 H100s: HBM pressure per GPU at TP 2, TPOT against batch."""
+    r = sweep("tp-study.yaml", runs, workers)
+    kvsim("plot", r, "--kind", "hbm-pressure", "--where", "engine.tensor_parallel_size=2",
+          "--where", "workload.num_requests=32", "--where", "workload.prompt_tokens=8192",
+          "--out", img / "tp-study-hbm-pressure.png")  # fmt: skip
+    kvsim("plot", r, "--kind", "throughput", "--metric", "tpot_p50_s", "--x",
+          "workload.num_requests", "--panel", "engine.tensor_parallel_size", "--where",
+          "workload.prompt_tokens=4096", "--out", img / "tp-study-tpot.png")  # fmt: skip
 
 
 def workload_mix(runs: Path, img: Path, workers: int) -> None:
@@ -128,6 +140,7 @@ def draw_replay(tables: dict[str, pd.DataFrame], out: Path) -> Path:
 
 GROUPS: dict[str, Callable[[Path, Path, int], None]] = {
     "seed-study": seed_study,
+    "tp-study": tp_study,
     "workload-mix": workload_mix,
     "mooncake-replay": mooncake_replay,
     "mooncake-policies": mooncake_policies,

@@ -77,6 +77,7 @@ def runs(tmp_path_factory) -> list[Path]:
     )
     overrides.append([SMALL, split])
     overrides[0].append("metrics={slo: {ttft: 1s, tpot: 50ms}}")
+    overrides.append([SMALL, "engine.tensor_parallel_size=2"])  # comm_s
     out = []
     for i, sets in enumerate(overrides):
         result = simulate(load_config(QUICKSTART, sets))

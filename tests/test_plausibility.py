@@ -146,6 +146,13 @@ def _run_configs() -> list[tuple[str, dict]]:
 )
 def test_every_experiment_loads_on_every_bundled_profile(experiment, profile):
     name, raw = experiment
+    tp = raw.get("engine", {}).get("tensor_parallel_size", 1)
+    hw = load_hardware(profile)
+    if tp > 1 and (hw.interconnect is None or hw.gpus_per_node < tp):
+        # a tensor-parallel study needs a profile with an interconnect: refused, clearly
+        with pytest.raises(ConfigError, match=f"tensor_parallel_size {tp}"):
+            build_config({**raw, "hardware": profile}, name)
+        return
     config = build_config({**raw, "hardware": profile}, name)
     assert config.hardware.name == profile.rsplit("/", 1)[-1]
 

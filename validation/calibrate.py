@@ -15,6 +15,7 @@ from sim.config.hardware import HardwareSpec
 from sim.config.loader import profile_dir, read_yaml, validate
 from sim.cost.optables import read_tables
 from sim.errors import KvsimError
+from validation.commfit import CommFit, fit_comm
 from validation.fit import DECODE_MAX_TOKENS, Residual
 from validation.opsfit import (
     OpsFit,
@@ -24,7 +25,7 @@ from validation.opsfit import (
     peaks_of,
     usable_rows,
 )
-from validation.profile import render_profile, write_profile
+from validation.profile import fmt_number, render_profile, set_value, write_profile
 
 BASE_PROFILES = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
 COMMIT = re.compile(r"commit\s+`?([0-9a-f]{40})`?")
@@ -39,6 +40,8 @@ class TableCalibration:
     layers: pd.DataFrame
     profile: HardwareSpec
     path: Path
+    tp_errors: pd.DataFrame | None = None  # held-out models' tp > 1 rows (per-GPU shapes)
+    comm: CommFit | None = None
 
 
 def load_base(name_or_path: str) -> tuple[HardwareSpec, str]:
@@ -86,8 +89,9 @@ def lomo_summary(errors: pd.DataFrame) -> str:
 
 
 def provenance(
-    fit: OpsFit, errors: pd.DataFrame, table_dir: Path, gpu: str, base: HardwareSpec
-) -> list[str]:
+    fit: OpsFit, errors: pd.DataFrame, table_dir: Path, gpu: str, base: HardwareSpec,
+    tp: TpReport | None = None,
+) -> list[str]:  # fmt: skip
     """Header comment lines: command, date, sources, peaks, residuals."""
     commit = source_commit(table_dir)
     source = (
@@ -96,11 +100,13 @@ def provenance(
         if commit
         else "measured tables (no README.md naming a source commit next to them)"
     )
+    tp = tp or TpReport()
     return [
         f"Fitted {datetime.date.today().isoformat()} by `kvsim calibrate --from-table {table_dir} "
-        f"--gpu {gpu}` (kvsim {version('kvsim')}).",
+        f"--gpu {gpu} --tp-degrees {tp.degrees}` (kvsim {version('kvsim')}).",
         f"Source: {source};",
-        f"  {fit.rows} rows with tensor-parallel degree 1, models: {', '.join(fit.models)}.",
+        f"  {fit.rows} rows with tensor-parallel degree {tp.label} (per-GPU shapes), models: "
+        f"{', '.join(fit.models)}.",
         "Efficiencies are fractions of this profile's peaks: compute.bf16_flops "
         f"{base.compute.bf16_flops / 1e12:.4g} TFLOP/s, "
         f"hbm.bandwidth {base.hbm.bandwidth / 1e12:.4g} TB/s.",
@@ -109,9 +115,41 @@ def provenance(
         f"Leave-one-model-out error of per-layer time (APE; decode-sized = at most "
         f"{DECODE_MAX_TOKENS} tokens):",
         f"  {lomo_summary(errors)}.",
+        *tp.lines(),
         "Attention stays a roofline (efficiency.attention, efficiency.hbm): the tables hold no",
-        "attention kernels. Tensor parallelism is not simulated: tp > 1 rows are not used.",
+        "attention kernels.",
     ]
+
+
+@dataclass(frozen=True)
+class TpReport:
+    """Which tensor-parallel rows a fit took, and the checks on the others."""
+
+    degrees: str = "1"  # --tp-degrees: "1" or "all"
+    tp_errors: pd.DataFrame | None = None
+    comm: CommFit | None = None
+
+    @property
+    def label(self) -> str:
+        return "1" if self.degrees == "1" else "1, 2, 4 and 8"
+
+    def lines(self) -> list[str]:
+        """Header lines: the held-out error on tp > 1 rows, the collective fit."""
+        out = []
+        if self.tp_errors is not None and len(self.tp_errors):
+            out += [
+                "Leave-one-model-out on the tp > 1 rows (per-GPU shapes of tp 2, 4, 8):",
+                f"  {lomo_summary(self.tp_errors)}.",
+            ]
+        if self.comm is not None:
+            errs = ", ".join(
+                f"{r.workers} GPUs {_pct(r.median_ape)}" for r in self.comm.errors.itertuples()
+            )
+            out.append(
+                f"interconnect: all-reduce fitted on {self.comm.source.parent.name}/"
+                f"{self.comm.source.name} (single node, messages >= 1 MiB); median APE {errs}."
+            )
+        return out
 
 
 def notes(fit: OpsFit) -> dict[str, str]:
@@ -130,24 +168,71 @@ def notes(fit: OpsFit) -> dict[str, str]:
 
 
 def calibrate_from_table(
-    table_dir: str | Path, gpu: str, out: str | Path, base: str | None = None
-) -> TableCalibration:
-    """Fit, cross-check (leave-one-model-out) and write a calibrated profile."""
+    table_dir: str | Path, gpu: str, out: str | Path, base: str | None = None,
+    degrees: str = "all", comm_dir: str | Path | None = None,
+) -> TableCalibration:  # fmt: skip
+    """Fit, cross-check (leave-one-model-out) and write a calibrated profile.
+
+    ``degrees``: fit the rows of tensor-parallel degree 1 only (``1``: how the bundled
+    profiles were fitted) or of every degree (``all``: the tp > 1 rows are per-GPU shapes).
+    The held-out check reports degree 1 and degrees > 1 apart. ``comm_dir`` (default:
+    ``measured-comm`` beside ``table_dir``): NCCL tables for the profile's interconnect.
+    """
     table_dir, out = Path(table_dir), Path(out)
     if gpu not in BASE_PROFILES:
         raise KvsimError(f"--gpu {gpu!r}: expected one of {', '.join(BASE_PROFILES)}")
     if out.suffix not in (".yaml", ".yml"):
         raise KvsimError(f"--out {out}: expected a .yaml file for the calibrated profile")
+    if degrees not in ("1", "all"):
+        raise KvsimError(f"--tp-degrees {degrees!r}: expected 1 or all")
     base_spec, base_text = load_base(base or BASE_PROFILES[gpu])
-    table = usable_rows(read_tables(table_dir, gpu))
+    table = usable_rows(read_tables(table_dir, gpu), 1 if degrees == "1" else None)
     fit = fit_ops(table, peaks_of(base_spec))
-    errors, layers = leave_one_model_out(table, base_spec)
+    errors, layers = leave_one_model_out(table, base_spec, held_tp="1")
+    tp_errors = None
+    if degrees == "all":
+        tp_errors, _ = leave_one_model_out(table, base_spec, held_tp=">1")
+    comm = _fit_comm(table_dir, comm_dir, gpu, base_spec)
+    report = TpReport(degrees, tp_errors, comm)
     eff = calibrated_efficiency(fit, base_spec.efficiency)
-    header = provenance(fit, errors, table_dir, gpu, base_spec)
+    header = provenance(fit, errors, table_dir, gpu, base_spec, report)
     text = render_profile(base_text, out.stem, eff, header, notes(fit))
+    if comm is not None:
+        text = interconnect_text(text, comm)
     yaml.safe_load(text)  # a rendering bug shows up here, not in the user's next run
     spec = write_profile(out, text)
-    return TableCalibration(fit=fit, errors=errors, layers=layers, profile=spec, path=out)
+    return TableCalibration(fit, errors, layers, spec, out, tp_errors, comm)
+
+
+def _fit_comm(
+    table_dir: Path, comm_dir: str | Path | None, gpu: str, base: HardwareSpec
+) -> CommFit | None:
+    """The collective fit for a base profile with an interconnect (None without one, or
+    without tables where none were asked for)."""
+    if base.interconnect is None:
+        return None
+    folder = Path(comm_dir) if comm_dir is not None else table_dir.parent / "measured-comm"
+    if comm_dir is None and not (folder / gpu / "all_reduce.csv").is_file():
+        return None
+    return fit_comm(folder, gpu, base.interconnect.bandwidth)
+
+
+def interconnect_text(text: str, comm: CommFit) -> str:
+    """The profile's ``interconnect`` section with the fitted collective parameters."""
+    p = comm.params
+    errs = ", ".join(f"{r.workers} GPUs {_pct(r.median_ape)}" for r in comm.errors.itertuples())
+    fitted = {
+        "latency": (f"{p.latency_s * 1e6:.4g}us", f"fit: all-reduce latency (eager NCCL); "
+                    f"median APE >= 1 MiB: {errs}"),
+        "efficiency": (fmt_number(p.efficiency), "fit: large-message fraction of bandwidth"),
+        "half_efficiency_bytes": (
+            f"{p.half_efficiency_bytes / 2**20:.4g}MiB", "fit: message size at half that efficiency"
+        ),
+        "workers_exponent": (fmt_number(p.workers_exponent), "fit: exponent on 2(N-1)/N"),
+    }  # fmt: skip
+    for key, (value, comment) in fitted.items():
+        text = set_value(text, "interconnect", key, value, comment)
+    return text
 
 
 def lomo_markdown(errors: pd.DataFrame, gpu: str) -> str:

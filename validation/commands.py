@@ -51,9 +51,21 @@ def _calibrate_from_table(args: argparse.Namespace) -> int:
     from validation.calibrate import calibrate_from_table, lomo_markdown, lomo_summary
     from validation.plots import plot_held_out
 
-    result = calibrate_from_table(args.from_table, args.gpu, args.out, args.base)
+    result = calibrate_from_table(
+        args.from_table, args.gpu, args.out, args.base, args.tp_degrees, args.comm
+    )
     print(lomo_markdown(result.errors, args.gpu))
     print(f"\nleave-one-model-out: {lomo_summary(result.errors)}")
+    if result.tp_errors is not None and len(result.tp_errors):
+        print(f"leave-one-model-out, tp > 1 rows: {lomo_summary(result.tp_errors)}")
+    if result.comm is not None:
+        p, errs = result.comm.params, result.comm.errors
+        worst = ", ".join(f"{r.workers} GPUs {100 * r.median_ape:.1f}%" for r in errs.itertuples())
+        print(
+            f"interconnect: latency {p.latency_s * 1e6:.3g} us, efficiency {p.efficiency:.3f}, "
+            f"half {p.half_efficiency_bytes / 2**20:.3g} MiB, exponent {p.workers_exponent:.3f}"
+            f" (median APE >= 1 MiB: {worst})"
+        )
     if args.plot:
         models = args.plot_models.split(",") if args.plot_models else list(result.fit.models[:2])
         unknown = sorted(set(models) - set(result.fit.models))
@@ -81,6 +93,20 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
         help="measured tables (Vidur mlp.csv or long format)",
     )
     parser.add_argument("--gpu", choices=("h100", "a100"), help="which GPU's tables to fit")
+    parser.add_argument(
+        "--tp-degrees",
+        choices=("1", "all"),
+        default="all",
+        help="fit rows of tensor-parallel degree 1 only, or of all degrees (per-GPU shapes; "
+        "default); the bundled profiles were fitted with 1",
+    )
+    parser.add_argument(
+        "--comm",
+        type=Path,
+        metavar="DIR",
+        help="NCCL all-reduce tables for the interconnect fit (default: measured-comm beside "
+        "--from-table, where it exists)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="measure this device instead")
     parser.add_argument("--quick", action="store_true", help="with --device: a short run (CI)")
     parser.add_argument(

@@ -49,9 +49,10 @@ class OpsFit:
         return 4 * self.gemm.latency_s + kernels
 
 
-def usable_rows(table: pd.DataFrame, tp: int = 1) -> pd.DataFrame:
-    """Rows of one tensor-parallel degree (kvsim simulates tp = 1 only)."""
-    rows = table[table.tp == tp]
+def usable_rows(table: pd.DataFrame, tp: int | None = 1) -> pd.DataFrame:
+    """Rows of one tensor-parallel degree, or of every degree (``None``: the tp > 1 rows hold
+    per-GPU shapes, so a fit over shapes takes them as they are)."""
+    rows = table if tp is None else table[table.tp == tp]
     if rows.empty:
         raise KvsimError(f"the measured tables have no rows with tensor-parallel degree {tp}")
     return rows
@@ -129,9 +130,11 @@ def layer_times(table: pd.DataFrame, params: CostParams, dtype_bytes: float) -> 
     """Measured and predicted per-layer time by (model, tokens): the sum of per-layer ops."""
     layer = table[table.per_layer.astype(bool)].copy()
     layer["predicted_s"] = predict_rows(layer, params, dtype_bytes)
-    # repeated measurements of one op at one token count are averaged, then ops summed
-    ops = layer.groupby(["model", "tokens", "op"], as_index=False)[["time_s", "predicted_s"]]
-    sums = ops.mean().groupby(["model", "tokens"], as_index=False)[["time_s", "predicted_s"]].sum()
+    # repeated measurements of one op at one token count are averaged, then ops summed (one
+    # layer per model, tensor-parallel degree and token count)
+    keys = ["model", "tp", "tokens"] if "tp" in layer.columns else ["model", "tokens"]
+    ops = layer.groupby([*keys, "op"], as_index=False)[["time_s", "predicted_s"]]
+    sums = ops.mean().groupby(keys, as_index=False)[["time_s", "predicted_s"]].sum()
     return sums.rename(columns={"time_s": "measured_s"})
 
 
@@ -167,9 +170,12 @@ def peaks_of(hw: HardwareSpec, dtype_bytes: float = 2.0) -> tuple[float, float, 
 
 
 def leave_one_model_out(
-    table: pd.DataFrame, base: HardwareSpec, dtype_bytes: float = 2.0
+    table: pd.DataFrame, base: HardwareSpec, dtype_bytes: float = 2.0, held_tp: str = "all"
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fit on all models but one, predict the held-out one's per-layer time; for each model.
+
+    ``held_tp``: which of the held-out model's rows are predicted: ``all``, ``1`` (tensor-
+    parallel degree 1) or ``>1`` (per-GPU shapes of degrees 2, 4, 8).
 
     Returns:
         (errors: model, regime, points, median_ape, p90_ape;
@@ -180,9 +186,14 @@ def leave_one_model_out(
         raise KvsimError("leave-one-model-out needs tables of at least two models")
     errors, layers = [], []
     for model in models:
+        rows = table[table.model == model]
+        if held_tp != "all":
+            rows = rows[rows.tp == 1] if held_tp == "1" else rows[rows.tp > 1]
+        if rows.empty:
+            continue
         fit = fit_ops(table[table.model != model], peaks_of(base, dtype_bytes))
         params = CostParams.from_hardware(calibrated_spec(base, fit))
-        held = layer_times(table[table.model == model], params, dtype_bytes)
+        held = layer_times(rows, params, dtype_bytes)
         errors += error_rows(held, model)
         layers.append(held)
     return pd.DataFrame(errors), pd.concat(layers, ignore_index=True)

@@ -124,7 +124,7 @@ def _hbm_panel(ax: plt.Axes, table: pd.DataFrame, title: str) -> None:
     ax.axhline(capacity, color="black", lw=1.2, label="HBM capacity")
     ax.plot(table.time_s, table.kv_pool_limit_gib, color="#c44e52", lw=1, ls="--",
             label="KV pool limit", drawstyle="steps-post")  # fmt: skip
-    ax.set(xlabel="simulated time (s)", ylabel="HBM (GiB)", title=title)
+    ax.set(xlabel="simulated time (s)", ylabel="HBM per GPU (GiB)", title=title)
     ax.set_xlim(0, max(float(table.time_s.max()), 1e-9) if len(table) else 1)
     ax.set_ylim(0, max(capacity, 1e-9) * 1.08)
 
@@ -135,7 +135,7 @@ def _kv_strip(ax: plt.Axes, top: plt.Axes, table: pd.DataFrame) -> None:
     _stack(ax, table, KV_PARTS)
     ax.plot(table.time_s, table.kv_pool_gib, color="#c44e52", lw=1, ls=":", label="KV pool",
             drawstyle="steps-post")  # fmt: skip
-    ax.set(xlabel=top.get_xlabel(), ylabel="KV (GiB)")
+    ax.set(xlabel=top.get_xlabel(), ylabel="KV per GPU (GiB)")
     top.set_xlabel("")
     ax.set_xlim(top.get_xlim())
     ax.set_ylim(0, max(_kv_top(table), 1e-9) * 1.08)

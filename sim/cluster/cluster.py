@@ -106,7 +106,11 @@ class Cluster:
                 remote = RemoteKv(self.env, self.pool, *fabric.nic, now=lambda: self.env.now)
         self.fabrics.append(fabric)
         self.hosts.append(host)
-        return Instance(config, self.requests, fabric, host, cost, plan, gpu=0, remote=remote)
+        gpus = range(config.tensor_parallel_size)  # the first N GPUs of its node
+        links = fabric.tp_links(gpus, plan.kv_share) if len(gpus) > 1 else None
+        return Instance(
+            config, self.requests, fabric, host, cost, plan, gpu=0, links=links, remote=remote
+        )
 
     def _lost_cost(self, config: RunConfig, fabric: Fabric):
         """What losing a block from the host's tiers costs (cost-aware eviction policies)."""

@@ -65,6 +65,11 @@ def format_summary(result: RunResult) -> str:
     cache = _hbm_cache_row(result)
     if cache is not None:
         rows = [cache if label == "KV pool" else (label, text) for label, text in rows]
+    if result.plan.gpus > 1:  # tensor parallelism: HBM figures are one GPU's
+        per_gpu = ("HBM", "KV pool")
+        rows = [(f"{label} per GPU" if label.startswith(per_gpu) else label, text)
+                for label, text in rows]  # fmt: skip
+        rows.insert(0, ("GPUs (tensor parallel)", str(result.plan.gpus)))
     rows += _cluster_rows(result.summary)
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)

@@ -21,6 +21,9 @@ LinkBandwidth = Annotated[Bandwidth, plausible("host link bandwidth")]
 StorageBandwidth = Annotated[Bandwidth, plausible("storage bandwidth")]
 KernelSeconds = Annotated[Seconds, plausible("kernel latency")]
 LinkKind = Literal["pcie-gen4", "pcie-gen5", "nvlink-c2c", "infinity-fabric", "memcpy"]
+InterconnectKind = Literal[
+    "nvlink3", "nvlink4", "nvlink5", "nvlink-bridge", "pcie-gen4", "pcie-gen5", "infinity-fabric"
+]
 
 
 class Hbm(Strict):
@@ -39,10 +42,16 @@ class Compute(Strict):
 
 
 class Dram(Strict):
-    """Host memory available to this device."""
+    """Host memory available to this device.
+
+    ``bandwidth`` is shared by the ``shared_by`` GPUs of one socket (or host): under tensor
+    parallelism an instance's host-link copies together draw at most ``bandwidth`` per socket
+    they span (``docs/tiering.md``).
+    """
 
     capacity: Annotated[Bytes, plausible("host memory capacity")]
     bandwidth: Annotated[Bandwidth, plausible("host memory bandwidth")]
+    shared_by: int = Field(1, ge=1, description="GPUs whose host copies share `bandwidth`")
 
 
 class Link(Strict):
@@ -58,6 +67,29 @@ class Link(Strict):
     latency: Annotated[Seconds, plausible("transfer latency")] = 0.0
     coherent: bool = False
     half_efficiency_bytes: Annotated[Bytes, plausible("half-efficiency copy size")] = 0.0
+    shared_by: int = Field(
+        1,
+        ge=1,
+        description="GPUs behind one host link (1: each GPU has its own x16 port; 2: "
+        "pairs share a PCIe switch's uplink); GPU g uses link g // shared_by",
+    )
+
+
+class Interconnect(Strict):
+    """The GPU-to-GPU interconnect that tensor-parallel collectives run over.
+
+    One all-reduce of ``M`` bytes over ``N`` GPUs takes ``latency + (2(N-1)/N)^workers_exponent
+    · (M + half_efficiency_bytes) / (bandwidth · efficiency)`` (``docs/cost-model.md``);
+    ``latency``, ``efficiency``, ``half_efficiency_bytes`` and ``workers_exponent`` are fitted
+    by ``kvsim calibrate --comm``.
+    """
+
+    kind: InterconnectKind
+    bandwidth: Annotated[Bandwidth, plausible("GPU interconnect bandwidth")]
+    latency: Annotated[Seconds, plausible("collective latency")] = 0.0
+    efficiency: float = Field(1.0, gt=0, le=1)
+    half_efficiency_bytes: Annotated[Bytes, plausible("half-efficiency copy size")] = 0.0
+    workers_exponent: float = Field(1.0, ge=0, le=2)
 
 
 class Ssd(Strict):
@@ -127,6 +159,10 @@ class HardwareSpec(Strict):
     link: Link
     ssd: Ssd = Ssd()
     efficiency: Efficiency = Efficiency()
+    gpus_per_node: int = Field(1, ge=1, description="GPUs of one node: the most one instance spans")
+    interconnect: Interconnect | None = Field(
+        None, description="GPU interconnect for tensor parallelism (none: one GPU per instance)"
+    )
     cost_table: str | None = Field(
         None,
         min_length=1,

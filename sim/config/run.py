@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sim.config.base import DTYPE_BYTES, Seconds, Strict, deep_merge
 from sim.config.cluster import ClusterConfig, Group
@@ -32,6 +32,25 @@ class EngineConfig(Strict):
     kv_heat_interval_s: float = Field(0.0, ge=0)  # record a step at most this often (0 = all)
     check: bool = False  # verify invariants after every step and run (sim/observe/invariants.py)
     decode_runs: bool = True  # take steps that need no clock at once (sim/instance/runs.py)
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="GPUs one instance spans (vLLM's name); weights, KV heads and "
+        "activations are split per GPU, collectives priced over `hardware.interconnect`",
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="pipeline stages; only 1 (pipeline parallelism is not modelled)"
+    )
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _no_pipeline(cls, size: int) -> int:
+        if size > 1:
+            raise ValueError(
+                f"pipeline parallelism is not modelled (a later issue): expected 1; use "
+                f"engine.tensor_parallel_size to spread a model over {size} GPUs"
+            )
+        return size
 
 
 class Slo(Strict):
@@ -113,6 +132,18 @@ class RunConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _tensor_parallel_fits(self) -> RunConfig:
+        from sim.config.parallel import check_tensor_parallel
+
+        check_tensor_parallel(self.model, self.hardware, self.engine.tensor_parallel_size)
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs of one instance."""
+        return self.engine.tensor_parallel_size
+
     @property
     def kv_dtype_bytes(self) -> float:
         """Bytes per KV element in HBM."""
@@ -129,11 +160,15 @@ class RunConfig(Strict):
 
     def tier_capacity(self, tier: str) -> tuple[str, float]:
         """The key that sets KV's room in ``dram`` or ``ssd`` (``kv.dram_capacity`` where
-        given, else ``hardware.dram.capacity``) and its bytes."""
+        given, else ``hardware.dram.capacity``, per GPU: times ``tensor_parallel_size``) and
+        its bytes."""
         own = getattr(self.kv, f"{tier}_capacity")
         if own is not None:
             return f"kv.{tier}_capacity", own
-        return f"hardware.{tier}.capacity", getattr(self.hardware, tier).capacity
+        capacity = getattr(self.hardware, tier).capacity
+        if tier == "dram" and self.tensor_parallel_size > 1:  # each GPU's share of the host
+            return "hardware.dram.capacity", capacity * self.tensor_parallel_size
+        return f"hardware.{tier}.capacity", capacity
 
     def tier_block_bytes(self, tier: str) -> float:
         """Bytes of one KV block (``block_tokens`` tokens, all layers) in a tier."""

@@ -11,11 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.config.hardware import HardwareSpec, Kernel
 from sim.config.model import ModelSpec
+
+if TYPE_CHECKING:  # built by the factory only under tensor parallelism
+    from sim.cost.collectives import Collectives
 
 LOGIT_BYTES = 4.0  # logits and sampling probabilities are fp32
 LOGIT_COPIES = 2.0  # logits + softmax probabilities live at once
@@ -168,11 +172,13 @@ def kernel_seconds(
 
 @dataclass(frozen=True)
 class StepCost:
-    """One step's time, by part (seconds)."""
+    """One step's time, by part (seconds); ``comm_s``, the tensor-parallel collectives, is
+    a part of ``linear_s`` (they run between the GEMMs, on the compute stream)."""
 
     linear_s: float
     attention_s: float
     overhead_s: float
+    comm_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -181,11 +187,21 @@ class StepCost:
 
 
 class CostModel:
-    """Step time from the batch's shape: GEMMs, attention, LM head, overheads."""
+    """Step time from the batch's shape: GEMMs, attention, LM head, overheads.
 
-    def __init__(self, model: ModelSpec, params: CostParams, kv_dtype_bytes: float | None = None):
+    Under tensor parallelism ``model`` is one GPU's shard (:func:`sim.config.parallel.shard_model`)
+    and ``comm`` prices the collectives, which :meth:`linear_time` includes.
+    """
+
+    def __init__(
+        self, model: ModelSpec, params: CostParams, kv_dtype_bytes: float | None = None,
+        comm: Collectives | None = None,
+    ):  # fmt: skip
         self.model = model
         self.params = params
+        self.comm = comm
+        # the sampled sequences' logits: gathered whole on one GPU (the full vocabulary)
+        self.logits_vocab = comm.model.vocab if comm is not None else model.vocab
         self.kv_bytes_per_token_layer = model.kv_elements_per_token_per_layer * (
             model.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         )
@@ -199,7 +215,8 @@ class CostModel:
         flop_s = self.attention_flops_per_pair / params.attention_flops
         read_s = self.kv_bytes_per_token_layer / params.memory_bandwidth
         self.decode_reads_bound = flop_s < 0.5 * read_s
-        self.linear_time = lru_cache(maxsize=1 << 16)(self._linear_time)
+        linear = self._linear_time if comm is None else self._linear_with_comm
+        self.linear_time = lru_cache(maxsize=1 << 16)(linear)
         self.token_parts = lru_cache(maxsize=1 << 14)(self._token_parts)
 
     # --- GEMMs ----------------------------------------------------------------------------
@@ -232,6 +249,13 @@ class CostModel:
         if self.params.kernels is not None:
             total += elementwise
         return total
+
+    def comm_time(self, tokens: int, sampled: int) -> float:
+        """The step's collectives (0 on one GPU); a part of :meth:`linear_time`."""
+        return 0.0 if self.comm is None else self.comm.step_s(tokens, sampled)
+
+    def _linear_with_comm(self, tokens: int, sampled: int) -> float:
+        return self._linear_time(tokens, sampled) + self.comm_time(tokens, sampled)
 
     def _token_parts(self, tokens: int) -> tuple[float, float]:
         """The parts of :meth:`_linear_time` that depend on ``tokens`` only: every layer's
@@ -340,10 +364,12 @@ class CostModel:
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray, sampled: int) -> StepCost:
         """Cost of one forward pass over a batch (prefill chunks and decodes mixed)."""
+        tokens = int(np.sum(new_tokens))
         return StepCost(
-            linear_s=self.linear_time(int(np.sum(new_tokens)), sampled),
+            linear_s=self.linear_time(tokens, sampled),
             attention_s=self.attention_time(new_tokens, context),
             overhead_s=self.overhead_s,
+            comm_s=self.comm_time(tokens, sampled),
         )
 
     def decode_steps(self, context: np.ndarray, steps: int) -> tuple[float, np.ndarray, float]:
@@ -417,4 +443,4 @@ class CostModel:
             mlp_width = up * m.intermediate
         attention_width = 2 * m.q_dim + 2 * m.kv_dim
         per_token = (2 * m.hidden + max(attention_width, mlp_width)) * m.dtype_bytes
-        return tokens * per_token + sampled * m.vocab * LOGIT_BYTES * LOGIT_COPIES
+        return tokens * per_token + sampled * self.logits_vocab * LOGIT_BYTES * LOGIT_COPIES

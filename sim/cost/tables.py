@@ -20,6 +20,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from sim.config.paths import resolve_table_path
 from sim.cost.optables import VIDUR_DTYPE_BYTES, read_measurements
 from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams, gemm_seconds
 from sim.errors import KvsimError
+
+if TYPE_CHECKING:
+    from sim.cost.collectives import Collectives
 
 LAYER_KERNELS = {**KERNELS_PER_LAYER, "activation": 1}  # dense models: one MLP per layer
 GEMM_NAMES = ("QKV projection", "output projection", "MLP up(+gate)", "MLP down")
@@ -119,9 +123,14 @@ def _read(path: str, mtime: float) -> pd.DataFrame:
     return read_measurements(path)
 
 
-def _rows_for(table: pd.DataFrame, model: ModelSpec, where: str) -> pd.DataFrame:
-    """Rows of tensor-parallel degree 1 measured in the model's dtype."""
-    rows = table[table.tp == 1] if "tp" in table.columns else table
+def _rows_for(table: pd.DataFrame, model: ModelSpec, where: str, tp: int = 1) -> pd.DataFrame:
+    """Rows of tensor-parallel degree ``tp`` (per-GPU shapes) measured in the model's dtype."""
+    if "tp" in table.columns:
+        rows = table[table.tp == tp]
+    elif tp == 1:
+        rows = table
+    else:
+        raise ValueError(f"{where} has no tensor-parallel degree column: it holds tp 1 only")
     if "dtype" in rows.columns and rows.dtype.notna().any():
         kept = rows[rows.dtype == model.dtype]
         if kept.empty:
@@ -191,8 +200,9 @@ def _shapes_held(rows: pd.DataFrame) -> str:
     return ", ".join(shapes[:12]) + (", ..." if len(shapes) > 12 else "") if shapes else "none"
 
 
-def operator_table(model: ModelSpec, hardware: HardwareSpec) -> OperatorTable:
-    """The model's operators from ``hardware.cost_table``.
+def operator_table(model: ModelSpec, hardware: HardwareSpec, tp: int = 1) -> OperatorTable:
+    """The model's operators from ``hardware.cost_table`` (``model``: one GPU's shard, priced
+    from the rows measured at tensor-parallel degree ``tp``).
 
     Raises:
         ValueError: the table cannot be read, the model is not a dense one, or the table
@@ -211,7 +221,7 @@ def operator_table(model: ModelSpec, hardware: HardwareSpec) -> OperatorTable:
         table = _read(str(path), path.stat().st_mtime)
     except KvsimError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    rows = _rows_for(table, model, where)
+    rows = _rows_for(table, model, where, tp)
     cost = CostModel(model, CostParams.from_hardware(hardware))
     row_bytes = cost.kernel_row_bytes()
     gemms = {shape: _gemm_curve(rows, shape) for shape in _layer_gemms(model)}
@@ -220,7 +230,8 @@ def operator_table(model: ModelSpec, hardware: HardwareSpec) -> OperatorTable:
     if missing:
         raise ValueError(
             f"{where} ({path}) has no measurements of {'; '.join(missing)} for model "
-            f"{model.name!r} ({model.dtype}); it holds gemm shapes [{_shapes_held(rows)}]; "
+            f"{model.name!r} ({model.dtype}, tensor-parallel degree {tp}); it holds gemm "
+            f"shapes [{_shapes_held(rows)}]; "
             "expected every per-layer operator at the model's shapes (docs/cost-model.md)"
         )
     prefill, decode = _attention(rows, cost)
@@ -240,9 +251,9 @@ class TableCostModel(CostModel):
 
     def __init__(
         self, model: ModelSpec, params: CostParams, table: OperatorTable,
-        kv_dtype_bytes: float | None = None,
+        kv_dtype_bytes: float | None = None, comm: Collectives | None = None,
     ):  # fmt: skip
-        super().__init__(model, params, kv_dtype_bytes)
+        super().__init__(model, params, kv_dtype_bytes, comm)
         self.table = table
         self.layer_gemms = _layer_gemms(model)
 

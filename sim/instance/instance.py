@@ -8,6 +8,7 @@ It gets the clock, its GPU's links and the host's KV pool from whoever builds th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -18,13 +19,24 @@ from sim.instance.events import Arrivals, StepObserver
 from sim.instance.runs import DecodeRuns
 from sim.instance.scheduler import Batch, Scheduler, prefill_tokens
 from sim.instance.step import compute_s, compute_with_fetch
-from sim.instance.timeline import LinkMarks, Timeline, memory_columns, step_row
+from sim.instance.timeline import (
+    TIMELINE_COLUMNS,
+    TP_COLUMNS,
+    LinkMarks,
+    Timeline,
+    memory_columns,
+    step_row,
+)
 from sim.kv.clock import PlanClock
 from sim.kv.manager import KvManager
 from sim.kv.pools import HostPool
 from sim.kv.remote import RemoteKv
 from sim.memory.fabric import Fabric
 from sim.memory.hbm_plan import HbmPlan
+from sim.memory.links import Links
+
+if TYPE_CHECKING:
+    from sim.memory.tplinks import TpLinks
 from sim.workload.requests import Requests
 
 ACCESS_STREAM = 0x6B76  # the access model's random stream, apart from the workload's
@@ -35,13 +47,15 @@ class Instance:
 
     def __init__(
         self, config: RunConfig, requests: Requests, fabric: Fabric, host: HostPool,
-        cost: CostModel, plan: HbmPlan, gpu: int = 0, remote: RemoteKv | None = None,
+        cost: CostModel, plan: HbmPlan, gpu: int = 0, links: Links | TpLinks | None = None,
+        remote: RemoteKv | None = None,
     ):  # fmt: skip
         self.config = config
         self.requests = requests
         self.cost, self.plan = cost, plan
         self.env = fabric.env
-        self.links = fabric.links_for(gpu)
+        # its GPUs' links: one GPU's, or (tensor parallelism) a transfer split over several
+        self.links = fabric.links_for(gpu) if links is None else links
         self.clock = PlanClock(self.env)
         rng = np.random.default_rng([config.seed, ACCESS_STREAM])
         self.kv = KvManager(
@@ -49,7 +63,7 @@ class Instance:
             self.plan.pool_blocks, rng, remote,
         )  # fmt: skip
         self.scheduler = Scheduler(config.engine, requests, self.kv)
-        self.timeline = Timeline()
+        self.timeline = Timeline(TIMELINE_COLUMNS + (TP_COLUMNS if plan.gpus > 1 else ()))
         self.marks = LinkMarks(self.links, self.kv.counters)
         self.observers: list[StepObserver] = []
         # told of each step's batch and compute seconds as its compute starts (layerwise
@@ -96,9 +110,11 @@ class Instance:
             yield from self._step(batch)
 
     def room_bytes(self, activations: float) -> float:
-        """HBM left for KV (cache and staging) once weights, reserve and activations are in."""
+        """HBM left for KV (cache and staging) once weights, reserve and activations are in,
+        in whole-KV bytes (one GPU's room over its ``kv_share``: the same at one GPU)."""
         p = self.plan
-        return p.usable - p.weights - p.runtime_reserve - activations
+        room = p.usable - p.weights - p.runtime_reserve - activations
+        return room if p.gpus == 1 else room / p.kv_share
 
     def _step(self, batch: Batch):
         """One engine step: blocking copies, then compute overlapped with the step's fetch."""
@@ -131,6 +147,7 @@ class Instance:
             step_tokens=batch.num_tokens,
             prefill_tokens=prefill_tokens(batch, s.prompt), sampled=batch.num_sampled,
             linear_s=cost.linear_s, attention_s=cost.attention_s, overhead_s=cost.overhead_s,
+            comm_s=cost.comm_s,
             stall_s=max(step_s - cost.total_s, 0.0) if io.blocking or io.fetch_bytes else 0.0,
             running=len(s.running), waiting=len(s.waiting), preempted=len(batch.preempted),
             **self.memory_columns(

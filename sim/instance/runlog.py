@@ -139,6 +139,7 @@ class RunLog:
             linear_s=np.array(self.linear),
             attention_s=np.array(self.attention),
             overhead_s=np.array(self.overhead),
+            comm_s=_comm(self.tokens, self.sampled, e),
             stall_s=0.0,
             running=np.array(self.running),
             waiting=np.array(self.waiting),
@@ -154,6 +155,13 @@ class RunLog:
         )
         e.timeline.record_many(self.steps, **rows)
         return rows
+
+
+def _comm(tokens: list[int], sampled: list[int], e: StepHost) -> float | np.ndarray:
+    """Each step's collectives (0.0 on one GPU)."""
+    if e.cost.comm is None:
+        return 0.0
+    return np.array([e.cost.comm_time(t, s) for t, s in zip(tokens, sampled, strict=True)])
 
 
 def _reads(context: np.ndarray, steps: int, e: StepHost) -> np.ndarray:

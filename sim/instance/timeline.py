@@ -49,9 +49,15 @@ TIMELINE_COLUMNS = (
     "ssd_hit_blocks",
     "access_hbm_hits",
 )
+# written only when an instance spans several GPUs (engine.tensor_parallel_size > 1), so a
+# one-GPU timeline keeps exactly its columns
+TP_COLUMNS = ("comm_s",)
 FLOAT_COLUMNS = frozenset(
-    ("time_s", "step_s", "linear_s", "attention_s", "overhead_s", "stall_s", "h2d_util", "d2h_util")
-)
+    (
+        "time_s", "step_s", "linear_s", "attention_s", "overhead_s", "stall_s", "h2d_util",
+        "d2h_util", "comm_s",
+    )
+)  # fmt: skip
 
 
 class Timeline:
@@ -63,29 +69,30 @@ class Timeline:
 
     CHUNK_ROWS = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, columns: tuple[str, ...] = TIMELINE_COLUMNS) -> None:
+        self.columns = columns  # TIMELINE_COLUMNS, then TP_COLUMNS under tensor parallelism
         self._chunks: list[np.ndarray] = []
         self._fill = self.CHUNK_ROWS
-        self._row = itemgetter(*TIMELINE_COLUMNS)
+        self._row = itemgetter(*columns)
 
     def record(self, **row: float) -> None:
-        """Append one step; keys are exactly :data:`TIMELINE_COLUMNS`."""
+        """Append one step; keys are at least :attr:`columns` (others are not kept)."""
         if self._fill == self.CHUNK_ROWS:
-            self._chunks.append(np.empty((self.CHUNK_ROWS, len(TIMELINE_COLUMNS))))
+            self._chunks.append(np.empty((self.CHUNK_ROWS, len(self.columns))))
             self._fill = 0
         self._chunks[-1][self._fill] = self._row(row)
         self._fill += 1
 
     def record_many(self, rows: int, **columns: float | np.ndarray) -> None:
         """Append ``rows`` steps at once; a column is one value per row, or one for all."""
-        block = np.empty((len(TIMELINE_COLUMNS), rows))
+        block = np.empty((len(self.columns), rows))
         for i, value in enumerate(self._row(columns)):
             block[i] = value
         block = block.T
         done = 0
         while done < rows:
             if self._fill == self.CHUNK_ROWS:
-                self._chunks.append(np.empty((self.CHUNK_ROWS, len(TIMELINE_COLUMNS))))
+                self._chunks.append(np.empty((self.CHUNK_ROWS, len(self.columns))))
                 self._fill = 0
             take = min(rows - done, self.CHUNK_ROWS - self._fill)
             self._chunks[-1][self._fill : self._fill + take] = block[done : done + take]
@@ -100,9 +107,9 @@ class Timeline:
         if self._chunks:
             data = np.concatenate(self._chunks)[: len(self)]
         else:
-            data = np.zeros((0, len(TIMELINE_COLUMNS)))
-        frame = pd.DataFrame(data, columns=list(TIMELINE_COLUMNS))
-        for column in TIMELINE_COLUMNS:
+            data = np.zeros((0, len(self.columns)))
+        frame = pd.DataFrame(data, columns=list(self.columns))
+        for column in self.columns:
             if column not in FLOAT_COLUMNS:
                 frame[column] = frame[column].astype(np.int64)
         return frame
@@ -144,9 +151,12 @@ def memory_columns(
     moved: tuple,
 ) -> dict[str, float | np.ndarray]:
     """A step's HBM, tier and link columns of the timeline (or a run's steps', as arrays);
-    ``moved``: what :meth:`LinkMarks.deltas` gives."""
+    ``moved``: what :meth:`LinkMarks.deltas` gives. HBM columns are one GPU's: KV bytes
+    (counted whole by the KV manager) scaled by the plan's ``kv_share``."""
     hbm = tiers[HBM]
     h2d, d2h, ssd_r, ssd_w, h2d_busy, d2h_busy, *hits, access_hits = moved
+    share = plan.kv_share
+    kv_running, kv_cached, staging = kv_running * share, kv_cached * share, staging * share
     used = plan.weights + plan.runtime_reserve + activations + kv_running + kv_cached + staging
     duration = np.maximum(step_s, 1e-12)
     return {
@@ -157,7 +167,7 @@ def memory_columns(
         "hbm_kv_cached_bytes": kv_cached,
         "hbm_staging_bytes": staging,
         "hbm_kv_bytes": kv_running + kv_cached,
-        "hbm_kv_pool_bytes": hbm.capacity * hbm.block_bytes,
+        "hbm_kv_pool_bytes": hbm.capacity * hbm.block_bytes * share,
         "hbm_free_bytes": plan.capacity - used,
         "dram_kv_bytes": tiers[DRAM].used_bytes,
         "ssd_kv_bytes": tiers[SSD].used_bytes,

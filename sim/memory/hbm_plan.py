@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.config.loader import set_by_run
+from sim.config.parallel import kv_share
 from sim.config.run import RunConfig
 from sim.cost.roofline import CostModel
 from sim.errors import ConfigError
@@ -13,10 +14,13 @@ from sim.units import format_bytes
 
 @dataclass(frozen=True)
 class HbmPlan:
-    """How HBM is carved at start-up, as vLLM does it (all bytes).
+    """How one GPU's HBM is carved at start-up, as vLLM does it (all bytes, per GPU).
 
     ``kv_pool = gpu_memory_utilization x capacity - weights - runtime_reserve -
-    activation_peak``, rounded down to whole blocks.
+    activation_peak``, rounded down to whole blocks. Under tensor parallelism every figure
+    is one GPU's (its weight shard, its activations, its KV heads: ``block_bytes`` is its
+    part of a block, ``kv_share`` of the whole block the KV manager counts), and the pool in
+    blocks (tokens) is every GPU's.
     """
 
     capacity: float
@@ -26,6 +30,8 @@ class HbmPlan:
     activation_peak: float
     block_bytes: float
     pool_blocks: int
+    gpus: int = 1
+    kv_share: float = 1.0
 
     @property
     def kv_pool(self) -> float:
@@ -66,16 +72,20 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
     """Size the KV pool; a model that does not fit is a ConfigError naming the key that the
     run wrote and that leaves no room (:meth:`HbmPlan.pool_key`)."""
     hw, engine = config.hardware, config.engine
+    n = config.tensor_parallel_size
+    share = kv_share(config.model, n)
+    block_bytes = config.block_bytes * share  # one GPU's part of a block (the whole at tp 1)
     usable = engine.gpu_memory_utilization * hw.hbm.capacity
+    weights = cost.model.weight_bytes  # one GPU's shard
     peak_seqs = min(engine.max_num_seqs, engine.max_batched_tokens)
     activation_peak = cost.activation_bytes(engine.max_batched_tokens, peak_seqs)
-    fixed = config.model.weight_bytes + hw.hbm.runtime_reserve + activation_peak
-    pool_blocks = int((usable - fixed) // config.block_bytes)
+    fixed = weights + hw.hbm.runtime_reserve + activation_peak
+    pool_blocks = int((usable - fixed) // block_bytes)
     if engine.kv_pool_blocks is not None:
-        most = int((hw.hbm.capacity - fixed) // config.block_bytes)
+        most = int((hw.hbm.capacity - fixed) // block_bytes)
         if engine.kv_pool_blocks > most:
             raise ConfigError(
-                f"{engine.kv_pool_blocks} blocks of {format_bytes(config.block_bytes)} do not fit"
+                f"{engine.kv_pool_blocks} blocks of {format_bytes(block_bytes)} do not fit"
                 f" beside weights, reserve and activations; expected at most {most}",
                 key="engine.kv_pool_blocks",
             )
@@ -83,18 +93,52 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
     plan = HbmPlan(
         capacity=hw.hbm.capacity,
         usable=usable,
-        weights=config.model.weight_bytes,
+        weights=weights,
         runtime_reserve=hw.hbm.runtime_reserve,
         activation_peak=activation_peak,
-        block_bytes=config.block_bytes,
+        block_bytes=block_bytes,
         pool_blocks=pool_blocks,
+        gpus=n,
+        kv_share=share,
     )
+    _check_weights_fit(config, plan)
     if pool_blocks < 1:
         raise ConfigError(
-            f"model {config.model.name!r} does not fit on {hw.name!r}: the KV pool, "
+            f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: the KV pool, "
             f"{plan.carve(config)}, has no room for one KV block of "
-            f"{format_bytes(config.block_bytes)}; expected a larger HBM, a smaller model or fewer "
+            f"{format_bytes(block_bytes)}; expected a larger HBM, a smaller model or fewer "
             "batched tokens",
             key=plan.pool_key(config),
         )
     return plan
+
+
+def _per_gpu(n: int) -> str:
+    return "" if n == 1 else f" (per GPU, engine.tensor_parallel_size {n})"
+
+
+def _weights_key(config: RunConfig, plan: HbmPlan) -> str:
+    """The key to blame for weights that do not fit: the utilisation where the whole HBM
+    would hold them, else a capacity or degree the run wrote, else the model."""
+    if plan.weights <= plan.capacity and set_by_run(config, "engine.gpu_memory_utilization"):
+        return "engine.gpu_memory_utilization"
+    for key in ("hardware.hbm.capacity", "engine.tensor_parallel_size"):
+        if set_by_run(config, key):
+            return key
+    return "model"
+
+
+def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
+    """Refuse weights that alone exceed a GPU's usable HBM, saying so."""
+    if plan.weights <= plan.usable:
+        return
+    n, hw = config.tensor_parallel_size, config.hardware
+    key = _weights_key(config, plan)
+    raise ConfigError(
+        f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: the model "
+        f"weights {format_bytes(plan.weights)} per GPU alone exceed "
+        f"engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g} x "
+        f"hardware.hbm.capacity {format_bytes(hw.hbm.capacity)} ({format_bytes(plan.usable)}); "
+        "expected a larger HBM, a larger engine.tensor_parallel_size or a smaller dtype",
+        key=key,
+    )

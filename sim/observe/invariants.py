@@ -121,11 +121,12 @@ class Invariants:
         recorded = (parts["weights"], parts["reserve"], parts["activations"], row["hbm_kv_bytes"])
         if any(abs(a - b) > tol for a, b in zip(expected, recorded, strict=True)):
             self.fail("HBM parts differ from the plan and the step", f"{shown}")
-        if abs(running + cached - hbm.resident * hbm.block_bytes) > tol:
+        block = hbm.block_bytes * plan.kv_share  # one GPU's part of a block (all at one GPU)
+        if abs(running + cached - hbm.resident * block) > tol:
             self.fail(
                 "HBM KV bytes differ from its resident blocks",
                 f"running {running:.0f} + cached {cached:.0f} vs {hbm.resident} blocks of "
-                f"{hbm.block_bytes:.0f} B",
+                f"{block:.0f} B",
             )
         if used > plan.usable + tol:
             self.fail(

@@ -198,6 +198,8 @@ def tier_summary(instances: Sequence[Instance], pool: bool = False) -> dict:
         "ssd_write_bytes": delivered("ssd_write"),
         "stall_s": sum(i.stall_s for i in instances),
         "swaps": c.swaps,
+        "tensor_parallel_size": max(i.plan.gpus for i in instances),
+        "gpus": sum(i.plan.gpus for i in instances),
     }
     if pool:
         summary["pool_hit_rate"] = c.pool_hits / lookups

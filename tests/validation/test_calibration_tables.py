@@ -100,3 +100,27 @@ def test_calibrate_errors_are_one_line(measured_ops, tmp_path, capsys, extra, me
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("gpu", sorted(BUNDLED))
+def test_held_out_models_tensor_parallel_rows_within_5_percent_median(measured_ops, gpu):
+    # the tp > 1 rows are per-GPU shapes: fitted with every degree, a held-out model's
+    # per-layer time at tp 2, 4 and 8 is predicted within 5% (median over its token counts)
+    table = usable_rows(read_tables(measured_ops, gpu), None)
+    errors, _ = leave_one_model_out(table, load_hardware(BUNDLED[gpu]), held_tp=">1")
+    assert set(errors.regime) == {"decode", "prefill"}
+    for regime, rows in errors.groupby("regime"):
+        assert rows.median_ape.median() <= 0.05, (gpu, regime)
+
+
+def test_calibrate_fits_the_interconnect_from_measured_comm(measured_ops, tmp_path, capsys):
+    out = tmp_path / "h100-tp.yaml"
+    args = ["calibrate", "--from-table", str(measured_ops), "--gpu", "h100", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "tp > 1 rows" in printed and "interconnect: latency" in printed
+    spec = validate(HardwareSpec, read_yaml(out), str(out))
+    bundled = load_hardware("h100-sxm").interconnect
+    assert spec.interconnect.latency == pytest.approx(bundled.latency, rel=1e-2)
+    assert spec.interconnect.efficiency == pytest.approx(bundled.efficiency, rel=1e-3)
+    assert spec.interconnect.workers_exponent == pytest.approx(bundled.workers_exponent, rel=1e-3)
