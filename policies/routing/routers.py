@@ -26,10 +26,16 @@ from policies.routing.base import (
 )
 from policies.routing.conductor import TtftEstimate
 
+POOL = TIERS.index("pool")  # the cluster's KV pool: no instance's own cache
+
 
 def matched_blocks(request: RouteRequest, instance: InstanceSnapshot) -> int:
-    """Leading blocks of ``request``'s prefix that ``instance`` holds, in any tier."""
-    return len(instance.prefix_tiers(request.block_hashes))
+    """Leading blocks of ``request``'s prefix that ``instance`` holds in its own tiers (HBM,
+    DRAM, SSD): a cluster-wide pool's blocks are every instance's alike, so they tell
+    instances apart no more than a miss does (counted, they made every instance match and
+    sent ties to the lowest index)."""
+    tiers = instance.prefix_tiers(request.block_hashes)
+    return int(np.count_nonzero(tiers < POOL))
 
 
 class RoundRobin(Router):
@@ -105,7 +111,8 @@ class PrefixAware(Router):
     rate (matched tokens / prompt tokens) is above ``cache_threshold``; else the instance
     with the smallest cache (``cached_blocks``, SGLang's smallest tree). Defaults are
     sgl-router's: 0.3, 64, 1.5. SGLang matches its own approximate tree of the text it
-    routed; here the match is the instance's real prefix cache, any tier.
+    routed; here the match is the instance's real prefix cache, in its own tiers (HBM, DRAM,
+    SSD; not the cluster's KV pool, which every instance reads alike).
     """
 
     name = "prefix_aware"
@@ -211,7 +218,8 @@ class Weighted(Router):
     """llm-d inference scheduler's weighted scorers and max-score picker.
 
     Scores, each in [0, 1]: ``prefix-cache-scorer``, the fraction of the request's prefix
-    blocks the instance holds (leading blocks, any tier); ``queue-scorer``,
+    blocks the instance holds (leading blocks, in its own tiers: llm-d scores pod-local
+    caches); ``queue-scorer``,
     ``(max - waiting) / (max - min)`` over the instances' waiting requests (1 when all are
     equal); ``kv-cache-utilization-scorer``, ``1 - kv_used / kv_capacity``. The instance
     with the highest weighted sum wins (lowest index ties; llm-d draws among ties).

@@ -356,3 +356,16 @@ def test_router_names_and_the_rng_is_used():
     rng = np.random.default_rng(11)
     assert make_router("random", rng=rng).rng is rng
     assert math.isclose(make_router("kv_aware").temperature, 0.0)
+
+
+def test_pool_blocks_are_no_instances_own_match():
+    """Blocks in the cluster's pool (tier 3) are every instance's alike: prefix_aware and
+    weighted match an instance's own tiers only (else every instance matched a pooled
+    prefix and the lowest index took them all)."""
+    pooled = [
+        InstanceSnapshot(i, running=10, cached_blocks=50, **holding(3, 3, 3, 3)) for i in (0, 1)
+    ]
+    own = InstanceSnapshot(2, running=10, cached_blocks=50, **holding(0, 0, 3, 3))  # 32/80 own
+    assert make_router("prefix_aware").route(request(), [*pooled, own]) == 2
+    scores = make_router("weighted").scores(request(), [*pooled, own])
+    assert scores[2] - scores[0] == pytest.approx(3.0 * 2 / 5)  # prefix weight x 2 of 5 blocks
