@@ -8,7 +8,9 @@ wall time (building the workload + simulating), its CPU time (what to compare on
 machine), peak RSS, simulated seconds per wall second, engine steps per second, SimPy
 events per second (for the replay workload: block accesses per second). ``--only 6``
 picks workload 6, ``--only 4`` every ``4-*`` one, ``--only 2`` both ``2a`` and ``2b``;
-``--only scale`` the 1,000,000-request run, which no other selection includes. Traces come
+``--only scale`` the 1,000,000-request run, which no other selection includes; ``--only 2b,7``
+one instance on the Mooncake hour and eight on it at eight times the rate (the cluster
+note: their wall-time ratio). Traces come
 from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machine and on
 its other load (compare CPU seconds, or with ``--instructions`` the instructions executed,
 counted by valgrind's callgrind: within 0.5% from run to run); docs/performance.md records
@@ -52,6 +54,14 @@ def _mooncake(kv: dict) -> dict:
         "engine": {"max_num_seqs": 256, "max_batched_tokens": 8192, "block_tokens": 16},
         "kv": kv,
     }
+
+
+def _mooncake_cluster(instances: int) -> dict:
+    """The Mooncake hour (workload 2b) at ``instances`` x its rate on that many instances."""
+    config = _mooncake({"mode": "hbm"})
+    config["workload"]["rate_scale"] = float(instances)
+    config["cluster"] = {"instances": instances, "router": {"kind": "round_robin"}}
+    return config
 
 
 def _peer(num_requests: int) -> dict:
@@ -141,6 +151,7 @@ WORKLOADS = (
     ),
     Workload("2b", "Mooncake conversation, hbm", _mooncake({"mode": "hbm"})),
     Workload("3", "seed point 32 x 8192, dram_centric full", SEED_POINT, quick=True),
+    Workload("7", "cluster: 2b at 8x rate on 8 instances", _mooncake_cluster(8), target="<= 2x 2b"),
     Workload("4-10k", "Poisson short-chat 10k", _poisson(10_000), quick=True),
     Workload("4-20k", "Poisson short-chat 20k", _poisson(20_000), quick=True),
     Workload("4-40k", "Poisson short-chat 40k", _poisson(40_000)),
@@ -362,6 +373,14 @@ def scaling_note(results: dict[str, dict]) -> str | None:
     return "scaling (2x requests, target <= 2.2x time): " + ", ".join(ratios)
 
 
+def cluster_note(results: dict[str, dict]) -> str | None:
+    """Wall time of the 8-instance cluster (7) over one instance on the same trace (2b)."""
+    if "wall_s" not in results.get("7", {}) or "wall_s" not in results.get("2b", {}):
+        return None
+    ratio = results["7"]["wall_s"] / results["2b"]["wall_s"]
+    return f"clusters (8 instances at 8x / 1 at 1x, target <= 2x time): {ratio:.2f}x"
+
+
 def select(only: str | None, quick: bool) -> list[str]:
     """Workload keys to run: ``--only`` keys or prefixes, else quick or all (never scale)."""
     if only:
@@ -432,9 +451,9 @@ def main() -> None:
         print(format_table({key: row}).splitlines()[-1], flush=True)
     print()
     print(format_table(results))
-    note = scaling_note(results)
-    if note:
-        print(note)
+    for note in (scaling_note(results), cluster_note(results)):
+        if note:
+            print(note)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "load_average": load,

@@ -75,3 +75,14 @@ def test_profile_is_refused_with_one_message(monkeypatch, argv, missing, message
     monkeypatch.setattr(sys, "argv", ["benchmarks.run", "--only", "3", *argv])
     with pytest.raises(SystemExit, match=message):
         run.main()
+
+
+def test_the_cluster_workload_is_2b_at_eight_times_the_rate_on_eight_instances():
+    one, eight = BY_KEY["2b"].config, BY_KEY["7"].config
+    assert eight["cluster"] == {"instances": 8, "router": {"kind": "round_robin"}}
+    assert eight["workload"] == {**one["workload"], "rate_scale": 8.0}
+    assert {k: v for k, v in eight.items() if k not in ("cluster", "workload")} == {
+        k: v for k, v in one.items() if k != "workload"
+    }
+    assert run.cluster_note({"2b": {"wall_s": 50.0}, "7": {"wall_s": 80.0}}).endswith("1.60x")
+    assert run.cluster_note({"7": {"wall_s": 80.0}}) is None
