@@ -17,6 +17,8 @@ from experiments.plots.sources import (
     PlotOptions,
     Source,
     as_paths,
+    check_loose,
+    determined,
     label_of,
     one_sweep,
     read_replay_csv,
@@ -100,14 +102,6 @@ def _default_x(frame: pd.DataFrame, moving: list[str], kind: str) -> str:
     return (numeric or moving)[0]
 
 
-def _determined(frame: pd.DataFrame, by: list[str], axis: str) -> bool:
-    """Whether ``axis`` takes one value within each group of ``by`` (e.g. zipped with x)."""
-    if not by:
-        return frame[axis].map(format_value).nunique() <= 1
-    text = frame[[*by, axis]].map(format_value)
-    return bool((text.groupby(by)[axis].nunique() <= 1).all())
-
-
 def _series(frame: pd.DataFrame, options: PlotOptions, kind: str) -> tuple[pd.DataFrame, str]:
     """The rows with ``_panel`` and ``_series`` labels, and the x axis; checks the axes.
 
@@ -121,17 +115,10 @@ def _series(frame: pd.DataFrame, options: PlotOptions, kind: str) -> tuple[pd.Da
         if axis is not None and axis not in axes:
             raise KvsimError(f"{flag} {axis}: not an axis of this sweep; axes: {', '.join(axes)}")
     fixed = [a for a in (x, options.panel) if a is not None]
-    others = [
-        a for a in varying(frame, axes) if a not in fixed and not _determined(frame, fixed, a)
-    ]
+    others = [a for a in varying(frame, axes) if a not in fixed and not determined(frame, fixed, a)]
     hue = list(options.hue) if options.hue is not None else others
-    loose = [a for a in others if a not in hue and not _determined(frame, [*fixed, *hue], a)]
-    if loose:
-        values = frame[loose[0]].map(format_value).unique()
-        raise KvsimError(
-            f"axis {loose[0]!r} varies ({', '.join(values[:4])}) but is not --x, --hue nor "
-            f"--panel; fix it with --where {loose[0]}={values[0]} or add it to --hue"
-        )
+    loose = [a for a in others if a not in hue and not determined(frame, [*fixed, *hue], a)]
+    check_loose(frame, loose)
     panel = options.panel
     frame = frame.assign(
         _panel=frame[panel].map(lambda v: f"{panel}={format_value(v)}") if panel else "",

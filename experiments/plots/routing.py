@@ -14,7 +14,16 @@ import pandas as pd
 
 from experiments import store
 from experiments.plots.labels import value_labels
-from experiments.plots.sources import DEFAULTS, PlotOptions, Source, one_sweep, sweep_rows, varying
+from experiments.plots.sources import (
+    DEFAULTS,
+    PlotOptions,
+    Source,
+    check_loose,
+    determined,
+    one_sweep,
+    sweep_rows,
+    varying,
+)
 from experiments.sweep import format_value
 from sim.errors import KvsimError
 
@@ -33,12 +42,6 @@ class Facets:
     x: str
     panel: str | None
     hue: tuple[str, ...]
-
-
-def _follows(frame: pd.DataFrame, by: list[str], axis: str) -> bool:
-    """Whether ``axis`` takes one value within each group of ``by`` (zipped with them)."""
-    text = frame[[*by, axis]].map(format_value)
-    return bool((text.groupby(by)[axis].nunique() <= 1).all())
 
 
 def _router_axis(axes: list[str], chosen: str | None) -> str:
@@ -75,20 +78,15 @@ def facets(frame: pd.DataFrame, options: PlotOptions) -> Facets:
     x = _router_axis(axes, options.x)
     panel = _panel_axis(frame, options, x)
     fixed = [a for a in (x, panel) if a is not None]
-    others = [a for a in varying(frame, axes) if a not in fixed and not _follows(frame, fixed, a)]
+    others = [a for a in varying(frame, axes) if a not in fixed and not determined(frame, fixed, a)]
     hue = list(options.hue) if options.hue is not None else others
     for axis in hue:
         if axis not in axes:
             raise KvsimError(f"--hue {axis}: not an axis of this sweep; axes: {', '.join(axes)}")
         if axis in fixed:
             raise KvsimError(f"--hue {axis}: that axis is on x or --panel already")
-    loose = [a for a in others if a not in hue and not _follows(frame, [*fixed, *hue], a)]
-    if loose:
-        values = frame[loose[0]].map(format_value).unique()
-        raise KvsimError(
-            f"axis {loose[0]!r} varies ({', '.join(values[:4])}) but is not --x, --hue nor "
-            f"--panel; fix it with --where {loose[0]}={values[0]} or add it to --hue"
-        )
+    loose = [a for a in others if a not in hue and not determined(frame, [*fixed, *hue], a)]
+    check_loose(frame, loose)
     return Facets(x, panel, tuple(hue))
 
 

@@ -172,3 +172,21 @@ def read_replay_csv(path: Path, columns: Sequence[str], what: str = "") -> pd.Da
             f"(expected {', '.join(columns)})"
         )
     return table
+
+
+def determined(frame: pd.DataFrame, by: list[str], axis: str) -> bool:
+    """Whether ``axis`` takes one value within each group of ``by`` (e.g. zipped with x)."""
+    if not by:
+        return frame[axis].map(format_value).nunique() <= 1
+    text = frame[[*by, axis]].map(format_value)
+    return bool((text.groupby(by)[axis].nunique() <= 1).all())
+
+
+def check_loose(frame: pd.DataFrame, loose: list[str]) -> None:
+    """Refuse axes that vary but are drawn by nothing (not x, a hue nor the panel)."""
+    if loose:
+        values = frame[loose[0]].map(format_value).unique()
+        raise KvsimError(
+            f"axis {loose[0]!r} varies ({', '.join(values[:4])}) but is not --x, --hue nor "
+            f"--panel; fix it with --where {loose[0]}={values[0]} or add it to --hue"
+        )

@@ -194,3 +194,18 @@ def sequence_hashes(
     edges[0:-1:2], edges[1:-1:2], edges[-1] = offsets[:-1], bounds, offsets[-1]
     pieces = split(flat, edges)
     return pieces[0::2], pieces[1::2]
+
+
+def shared_then_own(
+    shared_chain: np.ndarray, shared_tokens: np.ndarray, session: np.ndarray, prompt: np.ndarray,
+    output: np.ndarray, block_tokens: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:  # fmt: skip
+    """Block hashes of requests that are [a shared prefix][their session's own tokens]: the
+    prefix (``shared_tokens`` long, hashed from ``shared_chain``) is found by every request
+    with the same chain, the rest only by the session's later turns."""
+    n = len(prompt)
+    session_chain = combine(combine(shared_chain, SESSION), session)
+    seg_row = np.repeat(np.arange(n), 2)
+    seg_tokens = np.column_stack([shared_tokens, prompt + output - shared_tokens]).ravel()
+    seg_chain = np.column_stack([shared_chain, session_chain]).ravel()
+    return sequence_hashes(seg_row, seg_tokens, seg_chain, prompt, output, block_tokens)

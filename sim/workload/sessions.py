@@ -78,12 +78,6 @@ def _session_hashes(
     block_tokens: int,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each request is [system prompt (shared by variant)][the session's own tokens]."""
-    n = len(prompt)
     system_chain = hashing.chain(hashing.SYSTEM, variant)
-    session_chain = hashing.combine(hashing.combine(system_chain, hashing.SESSION), session)
-    seg_row = np.repeat(np.arange(n), 2)
-    seg_tokens = np.column_stack([np.full(n, system_tokens), prompt + output - system_tokens])
-    seg_chain = np.column_stack([system_chain, session_chain]).ravel()
-    return hashing.sequence_hashes(
-        seg_row, seg_tokens.ravel(), seg_chain, prompt, output, block_tokens
-    )
+    system = np.full(len(prompt), system_tokens)
+    return hashing.shared_then_own(system_chain, system, session, prompt, output, block_tokens)

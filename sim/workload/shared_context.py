@@ -97,10 +97,7 @@ def _hashes(
     block_tokens: int,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each request is [its customer's context][its session's own tokens]."""
-    n = len(prompt)
     context_chain = hashing.chain(hashing.CONTEXT, customer)
-    session_chain = hashing.combine(hashing.combine(context_chain, hashing.SESSION), session)
-    seg_row = np.repeat(np.arange(n), 2)
-    seg_tokens = np.column_stack([context_tokens, prompt + output - context_tokens]).ravel()
-    seg_chain = np.column_stack([context_chain, session_chain]).ravel()
-    return hashing.sequence_hashes(seg_row, seg_tokens, seg_chain, prompt, output, block_tokens)
+    return hashing.shared_then_own(
+        context_chain, context_tokens, session, prompt, output, block_tokens
+    )
