@@ -10,6 +10,7 @@ import pytest
 from sim.config.loader import build_config
 from sim.errors import ConfigError
 from sim.run import simulate
+from tests.cluster.chats import chat
 
 ROUTERS = [
     "round_robin", "random", "least_loaded", "session", "prefix_aware", "kv_aware", "weighted",
@@ -19,22 +20,6 @@ CLUSTER_COLUMNS = [
     "instance", "prefix_tier", "prefill_instance", "decode_instance", "kv_transfer_bytes",
     "kv_transfer_s", "kv_transfer_exposed_s",
 ]  # fmt: skip
-
-
-def chat(sessions: int = 40, rate: float = 2.0, **extra) -> dict:
-    """A multi-turn chat on Llama-3-8B / H100 (shared system prompts, growing histories)."""
-    return {
-        "seed": 3,
-        "model": "llama-3-8b",
-        "hardware": "h100-sxm",
-        "workload": {
-            "preset": "multi-turn-chat",
-            "num_sessions": sessions,
-            "session_arrival": {"kind": "poisson", "rate": rate},
-            "think_time": {"kind": "exponential", "mean": 2.0},
-        },
-        **extra,
-    }
 
 
 def run(data: dict, *sets: str):

@@ -12,6 +12,7 @@ from sim.config.loader import build_config
 from sim.errors import ConfigError
 from sim.run import Simulation, simulate
 from sim.workload import build_requests
+from tests.cluster import chats
 
 LATENCY = 10e-6
 GQA = 2 * 32 * 8 * 128 * 2  # llama-3-8b: 2 (K, V) x layers x kv_heads x head_dim x bf16
@@ -51,19 +52,7 @@ def simulation(data: dict) -> Simulation:
 
 
 def chat(cluster: dict, sessions: int = 30, rate: float = 3.0, **extra) -> dict:
-    return {
-        "seed": 3,
-        "model": "llama-3-8b",
-        "hardware": "h100-sxm",
-        "workload": {
-            "preset": "multi-turn-chat",
-            "num_sessions": sessions,
-            "session_arrival": {"kind": "poisson", "rate": rate},
-            "think_time": {"kind": "exponential", "mean": 2.0},
-        },
-        "cluster": cluster,
-        **extra,
-    }
+    return chats.chat(sessions, rate, cluster=cluster, **extra)
 
 
 def test_every_disaggregated_request_prefills_on_prefill_and_decodes_on_decode():
