@@ -163,12 +163,15 @@ def test_a_split_transfer_takes_each_links_shards_over_its_bandwidth(n, shared_b
     # every link carries n / links shards of 8 GB / n, at the full link bandwidth
     assert f.env.now == pytest.approx(LINK_LATENCY + (8 * GB / links) / LINK_BW)
     assert tp.h2d.bytes_delivered == pytest.approx(8 * GB)
+    assert tp.h2d.bandwidth == pytest.approx(links * LINK_BW)  # whole KV per second
 
 
 def test_the_hosts_dram_bandwidth_caps_the_links_together():
     f = fabric(dram_bw=100 * GB)  # 4 GPUs per socket: TP 4 reads one socket's 100 GB/s
-    f.env.run(f.tp_links(range(4), 0.25).h2d.transfer(8 * GB))
+    tp = f.tp_links(range(4), 0.25)
+    f.env.run(tp.h2d.transfer(8 * GB))
     assert f.env.now == pytest.approx(LINK_LATENCY + 8 * GB / (100 * GB))
+    assert tp.h2d.bandwidth == pytest.approx(100 * GB)
 
 
 def dram_centric(n: int, shared_by: int, capacity: float | None = None):

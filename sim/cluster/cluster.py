@@ -101,7 +101,7 @@ class Cluster:
         host = host_pool(config, fabric.table, self._lost_cost(config, fabric))
         remote = None
         if spec is not None:
-            fabric.nic = _nic(self.env, spec, member.index)
+            fabric.nic = _nic(self.env, spec, config, member.index)
             if self.pool is not None:
                 remote = RemoteKv(self.env, self.pool, *fabric.nic, now=lambda: self.env.now)
         self.fabrics.append(fabric)
@@ -136,12 +136,20 @@ class Cluster:
         return end
 
 
-def _nic(env: simpy.Environment, spec: ClusterConfig, index: int) -> tuple[Link, Link]:
-    """Instance ``index``'s NIC: (in, out), each ``cluster.network``'s bandwidth."""
-    net = spec.network
+def _nic(
+    env: simpy.Environment, spec: ClusterConfig, config: RunConfig, index: int
+) -> tuple[Link, Link]:
+    """Instance ``index``'s NIC, (in, out): ``cluster.network`` where the run gives it, else
+    its hardware's per-GPU NIC times its GPUs (each GPU sends its own KV shard), else
+    ``cluster.network``'s defaults."""
+    nic = config.hardware.nic
+    if "network" in spec.model_fields_set or nic is None:
+        bandwidth, latency = spec.network.bandwidth, spec.network.latency
+    else:
+        bandwidth, latency = nic.bandwidth * config.tensor_parallel_size, nic.latency
     return (
-        Link(env, f"nic_in{index}", net.bandwidth, net.latency),
-        Link(env, f"nic_out{index}", net.bandwidth, net.latency),
+        Link(env, f"nic_in{index}", bandwidth, latency),
+        Link(env, f"nic_out{index}", bandwidth, latency),
     )
 
 

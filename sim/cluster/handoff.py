@@ -70,9 +70,11 @@ class Handoffs:
         prefill; the event fires when the KV has landed."""
         p = self.instances[self.prefill_of[rid]]
         config = p.config
-        # NOTE: the bytes every GPU of the prefill instance sends together; under tensor
-        # parallelism each GPU sends its shard, these over tensor_parallel_size
-        self.bytes[rid] = tokens * config.model.kv_bytes_per_token(config.kv_dtype_bytes)
+        # the bytes every GPU of the prefill instance sends together: each GPU its shard
+        # (kv_share of the KV; N shards hold more than the KV when KV heads are replicated),
+        # over its own NIC (an instance's NIC is N GPUs' NICs: sim/cluster/cluster.py)
+        whole = tokens * config.model.kv_bytes_per_token(config.kv_dtype_bytes)
+        self.bytes[rid] = whole * p.plan.kv_share * p.plan.gpus
         s = p.scheduler
         s.output[rid] = 1  # prefill only: its one sample is the prefill's last step
         s.sending[rid] = True

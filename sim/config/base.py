@@ -108,6 +108,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     Plausible("host memory bandwidth", BANDWIDTH, 1e9, 100e12, 300e9),
     Plausible("host link bandwidth", BANDWIDTH, 100e6, 10e12, 50e9),
     Plausible("GPU interconnect bandwidth", BANDWIDTH, 1e9, 10e12, 450e9),
+    Plausible("NIC bandwidth", BANDWIDTH, 100e6, 1e12, 50e9),
     Plausible("collective latency", DURATION, 0.0, 10e-3, 20e-6),
     Plausible("storage bandwidth", BANDWIDTH, 10e6, 1e12, 10e9),
     Plausible("kernel row bandwidth", BANDWIDTH, 1e6, 100e12, 20e9),

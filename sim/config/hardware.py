@@ -92,6 +92,14 @@ class Interconnect(Strict):
     workers_exponent: float = Field(1.0, ge=0, le=2)
 
 
+class Nic(Strict):
+    """The network interface of one GPU (a DGX node has one per GPU), per direction: what a
+    cluster's KV pool fetches and prefill-to-decode transfers cross."""
+
+    bandwidth: Annotated[Bandwidth, plausible("NIC bandwidth")]
+    latency: Annotated[Seconds, plausible("transfer latency")] = 0.0
+
+
 class Ssd(Strict):
     """Optional NVMe tier (capacity 0 = none)."""
 
@@ -162,6 +170,11 @@ class HardwareSpec(Strict):
     gpus_per_node: int = Field(1, ge=1, description="GPUs of one node: the most one instance spans")
     interconnect: Interconnect | None = Field(
         None, description="GPU interconnect for tensor parallelism (none: one GPU per instance)"
+    )
+    nic: Nic | None = Field(
+        None,
+        description="each GPU's NIC, for clusters: an instance of N GPUs gets N times its "
+        "bandwidth (absent, or `cluster.network` given: `cluster.network`)",
     )
     cost_table: str | None = Field(
         None,

@@ -45,6 +45,15 @@ class SplitLink:
         return simpy.AllOf(self.env, events)
 
     @property
+    def bandwidth(self) -> float:
+        """Bytes of whole KV per second the instance moves when nothing else does: each link
+        carries ``share`` of the bytes once per GPU behind it, and the slowest link decides."""
+        carried = {id(link): 0.0 for link in self.parts}
+        for link in self.parts:
+            carried[id(link)] += self.share
+        return min(link.bandwidth / carried[id(link)] for link in self.links)
+
+    @property
     def in_flight(self) -> int:
         """Transfers on the instance's links now."""
         return sum(link.in_flight for link in self.links)

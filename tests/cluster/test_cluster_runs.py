@@ -189,3 +189,43 @@ def test_a_router_sees_pool_blocks_as_the_pool_tier():
     assert (tiers[:held] == 0).all()
     assert len(tiers) == held + store.leading(hashes[held:])
     assert len(tiers) > held and (tiers[held:] == 3).all()
+
+
+def test_an_instances_nic_is_its_profiles_per_gpu_nic_unless_the_run_gives_one():
+    from sim.cluster.cluster import Cluster
+    from sim.workload import build_requests
+
+    def nic_bandwidths(cluster: dict, *sets: str) -> list[float]:
+        config = build_config(chat(sessions=2, cluster=cluster), overrides=sets)
+        requests = build_requests(config.workload, config.seed, block_tokens=16)
+        return [f.nic[0].bandwidth for f in Cluster(config, requests).fabrics]
+
+    groups = [{"name": "h", "count": 1}, {"name": "a", "count": 1, "hardware": "a100-80g-sxm"}]
+    assert nic_bandwidths({"groups": groups}) == [34.4e9, 7.8e9]  # the profiles' fits
+    assert nic_bandwidths({"instances": 1}, "engine.tensor_parallel_size=2") == [2 * 34.4e9]
+    given = {"groups": groups, "network": {"bandwidth": "10GB/s"}}
+    assert nic_bandwidths(given) == [10e9, 10e9]
+    assert nic_bandwidths({"instances": 1}, "hardware=l40s") == [50e9]  # no NIC: the default
+
+
+def test_tensor_parallel_instances_in_a_cluster_keep_every_invariant():
+    """Llama-3-70B at TP 4 on two instances with a pool (offload) and split into one prefill
+    and one decode instance: the checks hold, and a split request sends its KV once (each of
+    the 4 GPUs its quarter, over its own NIC)."""
+    data = {
+        **chat(sessions=8, rate=2.0),
+        "model": "llama-3-70b",
+        "engine": {"tensor_parallel_size": 4, "check": True},
+    }
+    pooled = run({**data, "kv": {"mode": "offload"}, "cluster": {"instances": 2, **pool()}})
+    assert pooled.summary["gpus"] == 8 and pooled.summary["tensor_parallel_size"] == 4
+    split = {
+        "groups": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode"}],
+        "disaggregation": {"decider": "always"},
+    }
+    result = run({**data, "cluster": split})
+    r = result.requests
+    per_token = 80 * 8 * 128 * 2 * 2  # layers x KV heads x head dim x (K, V) x bf16
+    sent = r[r.kv_transfer_bytes > 0]
+    assert len(sent) and (sent.kv_transfer_bytes % per_token == 0).all()
+    assert (sent.kv_transfer_bytes <= (sent.prompt_tokens - 1) * per_token).all()
