@@ -16,6 +16,11 @@ from tests.test_bit_identity import _multi_turn
 POLICIES = ["s3fifo", "lru", "fifo", "arc", "lfu", "sieve", "gds", "length_aware"]
 
 
+pytestmark = pytest.mark.skip(
+    reason="the bulk write-through is off: test_bulk_paths found a run where it differs (issue 29)"
+)
+
+
 def config(policy: str, ssd: str):
     return make_config(
         "kv.mode=offload", f"kv.eviction={policy}", "engine.kv_pool_blocks=600",
