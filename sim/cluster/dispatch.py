@@ -46,18 +46,19 @@ def snapshot(
     to_compute = np.maximum(s.prompt[ids] - s.computed[ids], 0)
     to_produce = np.maximum(s.output[ids] - s.generated[ids], 0)
     hbm = kv.tiers[HBM]
+    prefill = int(to_compute.sum())
     return InstanceSnapshot(
         index=index,
         waiting=len(queued) + s.loading,
         running=len(s.running),
-        outstanding_tokens=int(to_compute.sum() + to_produce.sum()),
+        outstanding_tokens=prefill + int(to_produce.sum()),
         prefill_blocks=int((-(-to_compute // bt)).sum()),
         decode_blocks=int(kv.held[s.running].sum()),
         kv_used=int(hbm.resident),
         kv_capacity=max(int(hbm.capacity), 1),
         cached_blocks=len(kv.table.index),
         prefix_tiers=kv.prefix_tiers,
-        prefill_tokens=int(to_compute.sum()),
+        prefill_tokens=prefill,
         prefill_s_per_token=costs[0],
         block_fetch_s=costs[1],
     )

@@ -54,11 +54,9 @@ class KvPoolStore:
 
     def missing(self, hashes: list[int]) -> list[int]:
         """Those of ``hashes`` neither in the pool nor on their way in (distinct, in order)."""
-        out, writing, slot_of = [], self.writing, self.slot_of
-        for h in hashes:
-            if h not in writing and h not in slot_of and h not in out:
-                out.append(h)
-        return out
+        writing, slot_of = self.writing, self.slot_of
+        fresh = [h for h in hashes if h not in writing and h not in slot_of]
+        return list(dict.fromkeys(fresh))  # distinct, first occurrence kept
 
     def insert(self, hashes: list[int], now: float) -> None:
         """Written blocks land: each takes a slot, evicting by the policy when full."""

@@ -82,21 +82,6 @@ class Tier:
         self.evictable.update(blocks.tolist())
         many(blocks, now)
 
-    def add_evicting(self, blocks: list[int], now: float) -> list[int]:
-        """:meth:`add` each of ``blocks`` (distinct, none resident here) as evictable, in
-        order, first evicting one block whenever the tier is full (there must be an evictable
-        one); each block's victim, or -1 where it took a free slot."""
-        where, index, out = self.table.where, self.index, []
-        for b in blocks:
-            victim = -1
-            if self.resident >= self.capacity:
-                victim = self.evict(1)[0]
-            where[index, b] = True
-            self.resident += 1
-            self.make_evictable(b, now)
-            out.append(victim)
-        return out
-
     def add_pinned(self, blocks: list[int]) -> None:
         """:meth:`add` each of ``blocks`` as in use (not evictable)."""
         if len(blocks) == 1 and self.resident < self.capacity:
