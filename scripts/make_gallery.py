@@ -4,23 +4,25 @@ Each group runs its study with the ordinary commands (``kvsim sweep``, ``kvsim p
 ``kvsim replay``) into ``--runs`` (resuming a sweep that is already there) and writes its
 figures into ``--out``. Times are on two cores.
 
-    python scripts/make_gallery.py                          # every group (~40 min)
+    python scripts/make_gallery.py                          # every group (~85 min)
     python scripts/make_gallery.py --only seed-study,mooncake-replay   # ~4 min
 
 Groups: seed-study (~1 min), tp-study (~20 s), workload-mix (~5 min), mooncake-replay (~3 min;
 needs the Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min;
-traces).
+traces), cluster-routing (~15 min; traces), pd-study (~30 min; traces).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +90,64 @@ def workload_mix(runs: Path, img: Path, workers: int) -> None:
           "--out", img / "workload-mix-latency.png")  # fmt: skip
 
 
+def cluster_routing(runs: Path, img: Path, workers: int) -> None:
+    """Every router on 8 H100s, without and with a cluster-wide KV pool: hit rate and TTFT."""
+    r = sweep("cluster-routing.yaml", runs, workers)
+    kvsim("plot", r, "--kind", "routing", "--logy", "--out", img / "cluster-routing.png")
+
+
+def pd_study(runs: Path, img: Path, workers: int) -> None:
+    """Colocated against 1P3D, 2P2D and 3P1D: goodput and TPOT p99 against the rate."""
+    r = sweep("pd-study.yaml", runs, workers)
+    draw_goodput(pd.read_parquet(r / "results.parquet"), img / "pd-study-goodput.png")
+
+
+def _layout(cluster: str) -> str:
+    """``colocated (4 mixed)`` or ``1P3D``, from a sweep point's ``cluster`` axis (JSON)."""
+    groups = json.loads(cluster)["groups"]
+    roles = {g.get("role", "mixed"): g["count"] for g in groups}
+    if "prefill" not in roles:
+        return f"colocated ({sum(roles.values())} mixed)"
+    return f"{roles['prefill']}P{roles['decode']}D"
+
+
+def _load(workload: str) -> tuple[str, float]:
+    """(load name, rate) of a sweep point's ``workload`` axis (JSON): the trace's rate scale,
+    or the synthetic load's requests/s."""
+    w = json.loads(workload)
+    if w["kind"] == "trace":
+        return "Mooncake conversation (x trace rate)", w.get("rate_scale", 1.0)
+    return "long prompts, 4k-12k tokens (requests/s)", w["arrival"]["rate"]
+
+
+def draw_goodput(results: pd.DataFrame, out: Path) -> Path:
+    """Goodput (top) and TPOT p99 (bottom) against the rate, a column per load, a line per
+    cluster layout."""
+    from experiments.plots.style import color, figure_legend, marker, save, styled
+
+    frame = results[results.status == "done"].copy()
+    frame["layout"] = frame.cluster.map(_layout)
+    frame[["load", "rate"]] = frame.workload.map(_load).tolist()
+    loads, layouts = list(dict.fromkeys(frame.load)), list(dict.fromkeys(frame.layout))
+    rows = (("goodput_rps", "goodput (requests/s)", 1.0), ("tpot_p99_s", "TPOT p99 (ms)", 1e3))
+    with styled():
+        fig, axes = plt.subplots(2, len(loads), figsize=(4.2 * len(loads), 5.4), squeeze=False)
+        for col, load in enumerate(loads):
+            points = frame[frame.load == load].sort_values("rate")
+            for row, (metric, label, scale) in enumerate(rows):
+                ax = axes[row][col]
+                for j, layout in enumerate(layouts):
+                    line = points[points.layout == layout]
+                    ax.plot(line.rate, line[metric] * scale, label=layout, color=color(j),
+                            marker=marker(j), ms=3.5)  # fmt: skip
+                ax.set(ylabel=label, ylim=(0, None), title=load if row == 0 else "")
+                if row == 1:
+                    ax.set_xlabel("rate")
+        fig.tight_layout()
+        figure_legend(fig, list(axes[0]), ncol=len(layouts))
+        return save(fig, out)
+
+
 def mooncake_policies(runs: Path, img: Path, workers: int) -> None:
     """Online eviction policies in the engine on the Mooncake traces: HBM prefix hit rate."""
     r = sweep("mooncake-policies.yaml", runs, workers)
@@ -143,6 +203,8 @@ GROUPS: dict[str, Callable[[Path, Path, int], None]] = {
     "tp-study": tp_study,
     "workload-mix": workload_mix,
     "mooncake-replay": mooncake_replay,
+    "cluster-routing": cluster_routing,
+    "pd-study": pd_study,
     "mooncake-policies": mooncake_policies,
 }
 
