@@ -71,12 +71,19 @@ FIT_PROVENANCE = (
     (
         "all-reduce model (`interconnect.*`), NIC (`nic.*`)",
         "h100-sxm, a100-80g-sxm (h200-sxm copies h100)",
-        "NCCL collective tables in `../shared/calibration/measured-comm` (`kvsim calibrate --comm`)",
+        "NCCL collective tables in `../shared/calibration/measured-comm` "
+        "(`kvsim calibrate --comm`)",
     ),
     (
-        "`efficiency.attention` (prefill), `efficiency.hbm` (decode attention)",
+        "`efficiency.attention` (prefill flash attention)",
         "all",
-        "estimates (est.) from STREAM-like bandwidth figures in hardware-figures.md; no fit",
+        "estimate (est.) 0.5-0.55; no measured fraction, no fit",
+    ),
+    (
+        "`efficiency.hbm` (decode attention's KV reads)",
+        "all",
+        "estimated from STREAM-like bandwidth measurements (hardware-figures.md [M8]; H100 SXM "
+        "and H200 from neighbouring parts); not fitted to attention kernels",
     ),
     (
         "`efficiency.step_overhead`",
@@ -105,9 +112,31 @@ class Outcome:
 
 
 def load_rows(path: Path = DATA) -> pd.DataFrame:
-    """The measurement set, one row per measurement (ids as the index)."""
+    """The measurement set, one row per measurement (ids as the index); refuses, with the
+    row's id, a row that cites a held-out or fit-only source or whose metric and unit are not
+    ones the page knows."""
     frame = pd.read_csv(path, dtype={"tp": "Int64", "batch": "Int64"}, keep_default_na=False)
+    for _, row in frame.iterrows():
+        problem = _row_problem(row)
+        if problem:
+            raise ValueError(f"{path}: row {row['id']}: {problem}")
     return frame.set_index("id", drop=False)
+
+
+def _row_problem(row: pd.Series) -> str | None:
+    """Why a row cannot be in the test set (None: it can)."""
+    cited = " ".join(str(row[c]) for c in ("source", "where", "quote", "notes")).lower()
+    banned = [s for s in FORBIDDEN_SOURCES + FIT_ONLY_SOURCES if s in cited]
+    if banned:
+        return f"cites {banned[0]!r}, a held-out or fit-only source"
+    metric, unit = row["metric"], row["unit"]
+    if metric not in METRICS:
+        return f"metric {metric!r} is not one of {sorted(METRICS)}"
+    if UNITS.get(unit) != METRICS[metric]:
+        return f"unit {unit!r} does not measure {metric} (expected a {METRICS[metric]} unit)"
+    if is_simulated(row) and metric not in SIMULATED:
+        return f"simulate is yes but the harness does not simulate {metric} yet"
+    return None
 
 
 def is_simulated(row: pd.Series) -> bool:
@@ -215,7 +244,7 @@ def skipped_table(rows: pd.DataFrame) -> list[str]:
             reason = str(r["simulate"]).removeprefix("no:").strip()
             lines.append(
                 f"| {r['id']} | {r['category']} | {r['model']} | {r['metric']} "
-                f"| {r['value']} {r['unit']} | {reason} | [link]({r['source']}) |"
+                f"| {_fmt(float(r['value']))} {r['unit']} | {reason} | [link]({r['source']}) |"
             )
     return lines
 
@@ -238,14 +267,17 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         f"kvsim's prediction for {len(outcomes)} published, measured serving results{scope}, "
         "each rerun as the benchmark ran it: N identical requests arriving at once with "
         "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), or one "
-        "request alone (concurrency 1). Error = predicted / measured - 1 (negative: kvsim is "
-        "faster). The measurements, with the exact quote of each number and where it stands on "
+        "request alone (concurrency 1). Error = predicted / measured - 1: for a time, positive "
+        "means kvsim is slower than the engine; for a throughput, negative does. kvsim models "
+        "a vLLM-like engine: rows of other engines (LMDeploy TurboMind, NVIDIA NIM) test its "
+        "kernel-level cost model more than vLLM's runtime overheads. The measurements, with the "
+        "exact quote of each number and where it stands on "
         "its page, are `validation/data/fidelity_measurements.csv` "
         "([columns](../validation/data/README.md)). They are a test set: no parameter of kvsim "
         "was fitted on them (last section). Rerun with",
         "",
         "```bash",
-        "python -m validation.fidelity --out docs/fidelity.md   # about a minute; --only decode",
+        "python -m validation.fidelity --out docs/fidelity.md   # seconds; --only decode",
         "```",
         "",
         "## Error",
@@ -289,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no simulable rows{' in ' + args.only if args.only else ''}", file=sys.stderr)
         return 1
     text = page(rows, outcomes, args.only)
-    print("\n".join(error_summary(outcomes) + [""] + outcome_table(outcomes)))
+    print("\n".join([*error_summary(outcomes), "", *outcome_table(outcomes)]))
     if args.out is not None:
         args.out.write_text(text)
         print(f"wrote {args.out}")
