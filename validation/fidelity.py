@@ -223,8 +223,9 @@ def error_summary(outcomes: Sequence[Outcome]) -> list[str]:
     """Median and worst absolute error, overall and per category."""
     lines = ["| rows | n | median abs. error | worst abs. error (row) |", "|---|---|---|---|"]
     groups = [("all", list(outcomes))]
-    for category in dict.fromkeys(o.row["category"] for o in outcomes):
-        groups.append((category, [o for o in outcomes if o.row["category"] == category]))
+    categories = list(dict.fromkeys(o.row["category"] for o in outcomes))
+    if len(categories) > 1:
+        groups += [(c, [o for o in outcomes if o.row["category"] == c]) for c in categories]
     for name, group in groups:
         errors = np.abs([o.error for o in group])
         worst = group[int(np.argmax(errors))]
