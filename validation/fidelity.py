@@ -1,0 +1,333 @@
+"""The fidelity page: public serving measurements against kvsim's predictions.
+
+``python -m validation.fidelity [--out docs/fidelity.md] [--only CATEGORY]`` reads
+``validation/data/fidelity_measurements.csv`` (columns: ``validation/data/README.md``), builds
+for every simulable row the kvsim run that reproduces the measurement (``row_config``: N
+identical requests arriving at once with ``max_num_seqs`` = the batch, as vLLM's
+``benchmark_latency`` and LMDeploy's static benchmark run them), runs it, reads the predicted
+figure (``predict``) and prints the signed error; ``--out`` writes the page. The rows are a
+test set: nothing in kvsim is fitted on them (``FIT_PROVENANCE`` says what is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.config.loader import build_config
+from sim.run import simulate
+
+DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
+
+# Held out by the project (never used for anything) and fit-only sources (never test rows).
+FORBIDDEN_SOURCES = (
+    "llm-inference-bench",  # argonne-lcf LLM-Inference-Bench results
+    "argonne-lcf",
+    "llm-d-benchmark",  # its empirical vLLM memory results
+    "offloading-connector",  # the vLLM blog post on its KV offloading connector (Jan 2026)
+    "vllm-project.github.io/pull/149",  # the same post's source
+    "blog.vllm.ai/2026/01",
+)
+FIT_ONLY_SOURCES = tuple(
+    f"github.com/vllm-project/vllm/{kind}/{n}"
+    for n in (10511, 12126, 17122, 2031)
+    for kind in ("pull", "issues")
+)
+
+# metric -> (unit family, what kvsim reports)
+METRICS = {
+    "output_throughput": "tok/s",  # batch x output tokens / time until the batch finishes
+    "e2e_latency": "time",  # time until the whole batch has finished
+    "ttft": "time",  # first token of a request alone
+    "itl": "time",  # mean time between output tokens of a request alone
+    "kv_capacity_blocks": "blocks",  # not simulated yet (no row with a stated GPU)
+    "kv_load_time": "time",  # not simulated yet (no row with a stated GPU)
+}
+UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
+UNITS = {"tok/s": "tok/s", "s": "time", "ms": "time", "blocks": "blocks"}
+SIMULATED = ("output_throughput", "e2e_latency", "ttft", "itl")
+
+# Which data fitted which parameter of the profiles these rows run on (read from the profiles'
+# headers and comments; extend it when a parameter gets a new fit). Never an end-to-end row.
+FIT_PROVENANCE = (
+    (
+        "GEMM and per-kernel latencies, efficiencies (`efficiency.gemm*`, `efficiency.kernels`)",
+        "h100-sxm, a100-80g-sxm",
+        "Vidur operator tables (github.com/microsoft/vidur, data/profiling/compute/{h100,a100}, "
+        "commit 7d47513; `kvsim calibrate`, docs/validation.md)",
+    ),
+    (
+        "`efficiency.gemm` of h200-sxm",
+        "h200-sxm",
+        "set from the H100 fit's range (same compute die), not fitted",
+    ),
+    (
+        "all-reduce model (`interconnect.*`), NIC (`nic.*`)",
+        "h100-sxm, a100-80g-sxm (h200-sxm copies h100)",
+        "NCCL collective tables in `../shared/calibration/measured-comm` "
+        "(`kvsim calibrate --comm`)",
+    ),
+    (
+        "`efficiency.attention` (prefill flash attention)",
+        "all",
+        "estimate (est.) 0.5-0.55; no measured fraction, no fit",
+    ),
+    (
+        "`efficiency.hbm` (decode attention's KV reads)",
+        "all",
+        "estimated from STREAM-like bandwidth measurements (hardware-figures.md [M8]; H100 SXM "
+        "and H200 from neighbouring parts); not fitted to attention kernels",
+    ),
+    (
+        "`efficiency.step_overhead`",
+        "all",
+        "estimate (est.): 3 ms (Hopper), 4 ms (A100) per engine step; no fit",
+    ),
+    (
+        "`hbm.runtime_reserve`",
+        "all",
+        "estimate from vLLM's logged memory use (vllm-project/vllm#27508) and CUDA context sizes",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One row's prediction: the figure in the row's unit and its signed relative error."""
+
+    row: pd.Series
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted / float(self.row["value"]) - 1.0
+
+
+def load_rows(path: Path = DATA) -> pd.DataFrame:
+    """The measurement set, one row per measurement (ids as the index); refuses, with the
+    row's id, a row that cites a held-out or fit-only source or whose metric and unit are not
+    ones the page knows."""
+    frame = pd.read_csv(path, dtype={"tp": "Int64", "batch": "Int64"}, keep_default_na=False)
+    for _, row in frame.iterrows():
+        problem = _row_problem(row)
+        if problem:
+            raise ValueError(f"{path}: row {row['id']}: {problem}")
+    return frame.set_index("id", drop=False)
+
+
+def _row_problem(row: pd.Series) -> str | None:
+    """Why a row cannot be in the test set (None: it can)."""
+    cited = " ".join(str(row[c]) for c in ("source", "where", "quote", "notes")).lower()
+    banned = [s for s in FORBIDDEN_SOURCES + FIT_ONLY_SOURCES if s in cited]
+    if banned:
+        return f"cites {banned[0]!r}, a held-out or fit-only source"
+    metric, unit = row["metric"], row["unit"]
+    if metric not in METRICS:
+        return f"metric {metric!r} is not one of {sorted(METRICS)}"
+    if UNITS.get(unit) != METRICS[metric]:
+        return f"unit {unit!r} does not measure {metric} (expected a {METRICS[metric]} unit)"
+    if is_simulated(row) and metric not in SIMULATED:
+        return f"simulate is yes but the harness does not simulate {metric} yet"
+    return None
+
+
+def is_simulated(row: pd.Series) -> bool:
+    """Whether the harness runs this row (``simulate`` = yes); other rows say why not."""
+    return str(row["simulate"]).strip() == "yes"
+
+
+def row_config(row: pd.Series) -> dict:
+    """The kvsim config (as a mapping) that reproduces the row's benchmark: ``batch``
+    identical requests arriving at once, ``max_num_seqs`` = the batch, prefix caching off."""
+    batch, prompt = int(row["batch"]), int(row["input_tokens"])
+    return {
+        "seed": 0,
+        "model": {"profile": row["model_profile"], "dtype": row["dtype"]},
+        "hardware": row["hardware_profile"],
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": batch,
+            "arrival": {"kind": "all_at_once"},
+            "prompt_tokens": prompt,
+            "output_tokens": int(row["output_tokens"]),
+        },
+        "engine": {
+            "max_num_seqs": batch,
+            "max_batched_tokens": max(8192, prompt),
+            "chunked_prefill": True,
+            "block_tokens": 16,
+            "gpu_memory_utilization": 0.9,
+            "tensor_parallel_size": int(row["tp"]),
+        },
+        "kv": {"mode": "hbm", "dtype": row["kv_dtype"], "prefix_caching": False},
+    }
+
+
+def predict(row: pd.Series) -> float:
+    """Run the row's config and return kvsim's figure for the row's metric, in its unit."""
+    result = simulate(build_config(row_config(row), source=f"fidelity row {row['id']}"))
+    requests = result.requests
+    if (requests["status"] != "finished").any():
+        raise RuntimeError(f"row {row['id']}: kvsim rejected a request of the benchmark")
+    metric = row["metric"]
+    if metric == "output_throughput":
+        return float(requests["output_tokens"].sum() / requests["finish_s"].max())
+    seconds = {
+        "e2e_latency": requests["finish_s"].max(),
+        "ttft": requests["ttft_s"].iloc[0],
+        "itl": requests["tpot_s"].iloc[0],
+    }[metric]
+    return float(seconds) / UNIT_SECONDS[row["unit"]]
+
+
+def run(rows: pd.DataFrame) -> list[Outcome]:
+    """Predict every simulable row, in file order."""
+    return [Outcome(row, predict(row)) for _, row in rows.iterrows() if is_simulated(row)]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _lengths(row: pd.Series) -> str:
+    return f"{row['input_tokens']} / {row['output_tokens']}"
+
+
+def outcome_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """The per-row markdown table."""
+    lines = [
+        "| id | category | model | GPU (profile) | engine | TP | batch | in / out | metric "
+        "| measured | predicted | error | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        r = o.row
+        lines.append(
+            f"| {r['id']} | {r['category']} | {r['model']} ({r['dtype']}) | {r['hardware']} "
+            f"({r['hardware_profile']}) | {r['engine']} {r['version']} | {r['tp']} | {r['batch']} "
+            f"| {_lengths(r)} | {r['metric']} ({r['unit']}) | {_fmt(float(r['value']))} "
+            f"| {_fmt(o.predicted)} | {o.error:+.1%} | [link]({r['source']}) |"
+        )
+    return lines
+
+
+def error_summary(outcomes: Sequence[Outcome]) -> list[str]:
+    """Median and worst absolute error, overall and per category."""
+    lines = ["| rows | n | median abs. error | worst abs. error (row) |", "|---|---|---|---|"]
+    groups = [("all", list(outcomes))]
+    categories = list(dict.fromkeys(o.row["category"] for o in outcomes))
+    if len(categories) > 1:
+        groups += [(c, [o for o in outcomes if o.row["category"] == c]) for c in categories]
+    for name, group in groups:
+        errors = np.abs([o.error for o in group])
+        worst = group[int(np.argmax(errors))]
+        lines.append(
+            f"| {name} | {len(group)} | {np.median(errors):.1%} "
+            f"| {errors.max():.1%} ({worst.row['id']}) |"
+        )
+    return lines
+
+
+def skipped_table(rows: pd.DataFrame) -> list[str]:
+    """Rows kept in the set but not simulated, with the reason."""
+    lines = ["| id | category | model | metric | measured | why not simulated | source |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for _, r in rows.iterrows():
+        if not is_simulated(r):
+            reason = str(r["simulate"]).removeprefix("no:").strip()
+            lines.append(
+                f"| {r['id']} | {r['category']} | {r['model']} | {r['metric']} "
+                f"| {_fmt(float(r['value']))} {r['unit']} | {reason} | [link]({r['source']}) |"
+            )
+    return lines
+
+
+def provenance() -> list[str]:
+    """The generated section on which data fitted which parameter."""
+    lines = ["| parameter | profiles | fitted on |", "|---|---|---|"]
+    lines += [f"| {p} | {profiles} | {data} |" for p, profiles, data in FIT_PROVENANCE]
+    return lines
+
+
+def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> str:
+    """docs/fidelity.md: how to rerun, the table, the error summary, skipped rows, provenance."""
+    scope = f" (category `{only}` only)" if only else ""
+    parts = [
+        "# Fidelity: public serving measurements against kvsim",
+        "",
+        "<!-- generated by `python -m validation.fidelity --out docs/fidelity.md`; do not edit -->",
+        "",
+        f"kvsim's prediction for {len(outcomes)} published, measured serving results{scope}, "
+        "each rerun as the benchmark ran it: N identical requests arriving at once with "
+        "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), or one "
+        "request alone (concurrency 1). Error = predicted / measured - 1: for a time, positive "
+        "means kvsim is slower than the engine; for a throughput, negative does. kvsim models "
+        "a vLLM-like engine: rows of other engines (LMDeploy TurboMind, NVIDIA NIM) test its "
+        "kernel-level cost model more than vLLM's runtime overheads. The measurements, with the "
+        "exact quote of each number and where it stands on "
+        "its page, are `validation/data/fidelity_measurements.csv` "
+        "([columns](../validation/data/README.md)). They are a test set: no parameter of kvsim "
+        "was fitted on them (last section). Rerun with",
+        "",
+        "```bash",
+        "python -m validation.fidelity --out docs/fidelity.md   # seconds; --only decode",
+        "```",
+        "",
+        "## Error",
+        "",
+        *error_summary(outcomes),
+        "",
+        "## Every row",
+        "",
+        *outcome_table(outcomes),
+        "",
+        "## Kept but not simulated",
+        "",
+        *skipped_table(rows),
+        "",
+        "## Which data fitted which parameter",
+        "",
+        "Generated from `FIT_PROVENANCE` in `validation/fidelity.py` (read from the hardware "
+        "profiles' headers and comments). Only component-level data is fitted: operator tables, "
+        "kernel and collective benchmarks, copy-bandwidth measurements, logged memory profiles.",
+        "",
+        *provenance(),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the table; with ``--out``, write the page."""
+    parser = argparse.ArgumentParser(prog="python -m validation.fidelity", description=__doc__)
+    parser.add_argument("--out", type=Path, help="write the page here (docs/fidelity.md)")
+    parser.add_argument("--only", help="one category (decode, prefill, kv_load, kv_capacity)")
+    parser.add_argument("--data", type=Path, default=DATA, help="the measurement CSV")
+    args = parser.parse_args(argv)
+    rows = load_rows(args.data)
+    if args.only:
+        rows = rows[rows["category"] == args.only]
+        if not len(rows):
+            parser.error(f"--only {args.only}: no row has that category")
+    outcomes = run(rows)
+    if not outcomes:
+        print(f"no simulable rows{' in ' + args.only if args.only else ''}", file=sys.stderr)
+        return 1
+    text = page(rows, outcomes, args.only)
+    print("\n".join([*error_summary(outcomes), "", *outcome_table(outcomes)]))
+    if args.out is not None:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    return 0 if all(math.isfinite(o.predicted) for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
