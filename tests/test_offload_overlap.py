@@ -35,7 +35,6 @@ def case(with_r3: bool) -> Requests:
 def test_a_dram_hit_loads_while_another_request_decodes_and_costs_its_load_time():
     config = make_config("engine.kv_pool_blocks=600", kv={"mode": "offload"})
     run, alone = simulate(config, case(True)), simulate(config, case(False))
-    link = config.hardware.link
     block = config.tier_block_bytes("dram")
     loaded = run.summary["h2d_bytes"] / block  # only r3's load crosses H2D in offload mode
     assert loaded == int(loaded) and loaded > 100

@@ -58,8 +58,7 @@ CopyLayout = Literal["block", "layer", "layer_kv"]
 
 
 class Link(Strict):
-    """The host link, per direction: achievable bandwidth, per-transfer latency, and how
-    copies of small contiguous chunks fall short of the bandwidth (``docs/tiering.md``).
+    """The host link, per direction: achievable bandwidth, per-transfer latency, chunk costs.
 
     A copy of chunks of ``s`` bytes gets ``1 / (1 + (h / s)^p)^(1/p)`` of the bandwidth,
     ``h = half_efficiency_bytes`` (0 = size-independent), ``p = chunk_blend`` (1: each chunk
@@ -80,14 +79,8 @@ class Link(Strict):
         description="GPUs behind one host link (1: each GPU has its own x16 port; 2: "
         "pairs share a PCIe switch's uplink); GPU g uses link g // shared_by",
     )
-    chunk_blend: float = Field(
-        1.0, ge=1, le=8, description="p of the chunk efficiency 1 / (1 + (h/s)^p)^(1/p)"
-    )
-    copy_layout: CopyLayout = Field(
-        "block",
-        description="contiguous chunks of a KV block in host copies: `block` (one, all layers "
-        "together), `layer` (one per layer), `layer_kv` (per layer, K and V apart; MLA: one)",
-    )
+    chunk_blend: float = Field(1.0, ge=1, le=8)
+    copy_layout: CopyLayout = "block"
     load_overhead: Annotated[Seconds, plausible("load overhead")] = 0.0
 
 

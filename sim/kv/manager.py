@@ -30,7 +30,7 @@ from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
 from sim.kv.remote import RemoteKv
 from sim.kv.swap import SwapSpace
-from sim.memory.blocks import DRAM, HBM, BlockTable
+from sim.memory.blocks import HBM, BlockTable
 from sim.memory.links import Links
 from sim.memory.tiers import Tier
 from sim.workload.requests import Requests
