@@ -82,6 +82,15 @@ def test_resolved_config_round_trips():
         (["engine.gpu_memory_utilization=1.5"], ["engine.gpu_memory_utilization", "1.5"]),
         (["model=llama-3-9b"], ["unknown model profile 'llama-3-9b'", "did you mean 'llama-3-8b'"]),
         (["workload.num_request=5"], ["workload.num_request", "did you mean 'num_requests'"]),
+        (
+            ["hardware.link.copy_layout=pages"],
+            ["hardware.link.copy_layout", "'block', 'layer' or 'layer_kv'", "pages"],
+        ),
+        (["hardware.link.chunk_blend=0.5"], ["hardware.link.chunk_blend", "0.5"]),
+        (
+            ["hardware.link.load_overhead=5s"],
+            ["hardware.link.load_overhead", "load overhead", "5s"],
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(overrides, fragments):
@@ -115,3 +124,20 @@ def test_declared_params_catch_a_wrong_shape():
 def test_set_without_equals_is_refused():
     with pytest.raises(ConfigError, match="--set expects KEY=VALUE"):
         make_config("engine.max_num_seqs")
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "chunk"),
+    [
+        # Llama-3-8B: 16 tokens x 8 KV heads x 128 x 2 B = 32 KiB per layer and K|V
+        ("llama-3-8b", "layer_kv", 32 * 1024),
+        ("llama-3-8b", "layer", 64 * 1024),
+        ("llama-3-8b", "block", 32 * 2 * 32 * 1024),  # 32 layers x K,V: 2 MiB
+        # DeepSeek-V3 (MLA): one 576-element latent per token and layer, no K/V split
+        ("deepseek-v3", "layer_kv", 16 * 576 * 2),
+        ("deepseek-v3", "layer", 16 * 576 * 2),
+    ],
+)
+def test_copy_chunks_follow_the_layout_and_the_kv_geometry(model, layout, chunk):
+    config = make_config(f"model={model}", f"hardware.link.copy_layout={layout}")
+    assert config.copy_chunk_bytes() == chunk

@@ -101,3 +101,24 @@ def test_a_copy_in_small_pieces_runs_at_the_pieces_efficiency():
     env.run(done)
     assert env.now == pytest.approx(4e6 / BW)
     assert link.bytes_delivered == 1e6
+
+
+def test_blended_chunk_efficiency_closed_form():
+    # p = 1: s / (s + h); at s = h any p gives 2^(-1/p); p large: min(1, s/h)
+    assert chunk_efficiency(8192, 24576, 1.0) == pytest.approx(0.25)
+    assert chunk_efficiency(30000, 30000, 2.0) == pytest.approx(2**-0.5)
+    assert chunk_efficiency(8192, 32768, 8.0) == pytest.approx(0.25, rel=1e-4)
+    # h100-sxm's fit at vLLM's 32 KiB chunks, by hand: (1 + 0.94994^2.271)^(-1/2.271)
+    assert chunk_efficiency(32768, 31129.6, 2.271) == pytest.approx(0.7556, abs=1e-3)
+
+
+def test_two_equal_chunked_transfers_share_the_link_at_its_chunk_efficiency():
+    # two 1 GB copies in 32 KiB chunks on h100-sxm's curve: each sees the link's bytes at
+    # BW x 0.7556 / 2, so both end at latency + 2 x size / (BW x 0.7556)
+    env = simpy.Environment()
+    link = Link(env, "h2d", BW, LAT, half_efficiency_bytes=31129.6, blend=2.271)
+    done = [link.transfer(1e9, 32768), link.transfer(1e9, 32768)]
+    env.run()
+    assert all(event.processed for event in done)
+    assert env.now == pytest.approx(LAT + 2 * 1e9 / (BW * 0.75561), rel=1e-4)
+    assert link.bytes_delivered == link.bytes_submitted == 2e9

@@ -57,6 +57,7 @@ def fake_kv(capacity=8, free_slots=8, mode="dram_centric"):
         mode=SimpleNamespace(hbm_is_cache=mode == "dram_centric"),
         tiers={HBM: FakeHbm(where, free_slots), DRAM: SimpleNamespace(block_bytes=BB)},
         links=SimpleNamespace(h2d=FakeLink(env, 2.0), ssd_read=FakeLink(env, 1.0)),
+        copies=SimpleNamespace(piece_bytes=BB),
         step_reads=np.zeros(0, dtype=np.int64),
         inserted=inserted,
         cascade=SimpleNamespace(

@@ -115,6 +115,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     Plausible("compute rate", FLOP_RATE, 1e9, 100e15, 1e15),
     Plausible("transfer latency", DURATION, 0.0, 10e-3, 5e-6),
     Plausible("storage latency", DURATION, 0.0, 1.0, 80e-6),
+    Plausible("load overhead", DURATION, 0.0, 1.0, 100e-6),
     Plausible("step overhead", DURATION, 0.0, 1.0, 3e-3),
     Plausible("kernel latency", DURATION, 0.0, 100e-3, 10e-6),
 )

@@ -54,11 +54,17 @@ class Dram(Strict):
     shared_by: int = Field(1, ge=1, description="GPUs whose host copies share `bandwidth`")
 
 
-class Link(Strict):
-    """The host link, per direction: achievable bandwidth and per-transfer latency.
+CopyLayout = Literal["block", "layer", "layer_kv"]
 
-    ``half_efficiency_bytes``: contiguous copy size at which a copy gets half the bandwidth
-    (small scattered block copies are slow); 0 = size-independent.
+
+class Link(Strict):
+    """The host link, per direction: achievable bandwidth, per-transfer latency, chunk costs.
+
+    A copy of chunks of ``s`` bytes gets ``1 / (1 + (h / s)^p)^(1/p)`` of the bandwidth,
+    ``h = half_efficiency_bytes`` (0 = size-independent), ``p = chunk_blend`` (1: each chunk
+    costs ``h / bandwidth`` on top of its bytes, ``s / (s + h)``; larger: the per-chunk cost
+    and the bytes overlap more). ``copy_layout`` says how a KV block is cut into contiguous
+    chunks; ``load_overhead`` is the fixed cost of one request's prefix load.
     """
 
     kind: LinkKind
@@ -73,6 +79,9 @@ class Link(Strict):
         description="GPUs behind one host link (1: each GPU has its own x16 port; 2: "
         "pairs share a PCIe switch's uplink); GPU g uses link g // shared_by",
     )
+    chunk_blend: float = Field(1.0, ge=1, le=8)
+    copy_layout: CopyLayout = "block"
+    load_overhead: Annotated[Seconds, plausible("load overhead")] = 0.0
 
 
 class Interconnect(Strict):

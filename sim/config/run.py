@@ -180,6 +180,16 @@ class RunConfig(Strict):
         """Bytes of one KV block in HBM."""
         return self.tier_block_bytes("hbm")
 
+    def copy_chunk_bytes(self) -> float:
+        """Bytes of one contiguous chunk of a DRAM-tier KV block in a host copy, as
+        ``hardware.link.copy_layout`` cuts it: the whole block, one per layer, or one per
+        layer and K/V (MLA keeps one latent per layer: one chunk per layer)."""
+        layout, model = self.hardware.link.copy_layout, self.model
+        pieces = 1 if layout == "block" else model.layers
+        if layout == "layer_kv" and not model.mla:
+            pieces *= 2
+        return self.tier_block_bytes("dram") / pieces
+
 
 @dataclass(frozen=True)
 class Member:

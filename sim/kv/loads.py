@@ -155,11 +155,15 @@ class PrefixLoads:
         self, rid: int, blocks: list[int], on_ssd: list[int], sources: list[tuple[Tier, int]],
         waits: list[simpy.Event],
     ):  # fmt: skip
-        """Bring lower-tier blocks home: ``on_ssd`` ones SSD -> DRAM, then (offload) all
-        DRAM -> HBM; release the pinned ``sources``; wait for the prefetch copies of its
-        blocks still in flight."""
+        """Bring lower-tier blocks home after the load's fixed cost (``link.load_overhead``):
+        ``on_ssd`` ones SSD -> DRAM, then (offload) all DRAM -> HBM, in chunks of the copy
+        layout; release the pinned ``sources``; wait for the prefetch copies of its blocks
+        still in flight."""
         kv = self.kv
         dram, home = kv.tiers[DRAM], kv.home
+        overhead = kv.config.hardware.link.load_overhead
+        if blocks and overhead > 0:  # the connector's lookup, submission and completion event
+            yield kv.env.timeout(overhead)
         if on_ssd:
             yield kv.links.ssd_read.transfer(len(on_ssd) * dram.block_bytes)
             if home is not dram:
@@ -167,7 +171,7 @@ class PrefixLoads:
                     if not kv.table.where[DRAM, b]:
                         kv.cascade.insert(dram, b)
         if home.index == HBM and blocks:
-            yield kv.links.h2d.transfer(len(blocks) * dram.block_bytes, dram.block_bytes)
+            yield kv.links.h2d.transfer(len(blocks) * dram.block_bytes, kv.copies.piece_bytes)
         now = kv.now
         for tier, b in sources:
             if kv.table.where[tier.index, b]:

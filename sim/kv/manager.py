@@ -30,7 +30,7 @@ from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
 from sim.kv.remote import RemoteKv
 from sim.kv.swap import SwapSpace
-from sim.memory.blocks import DRAM, HBM, BlockTable
+from sim.memory.blocks import HBM, BlockTable
 from sim.memory.links import Links
 from sim.memory.tiers import Tier
 from sim.workload.requests import Requests
@@ -67,7 +67,7 @@ class KvManager:
         self.holdings = Holdings(len(requests))
         # the parts' state under the names the scheduler reads (the same objects)
         self.blocks, self.held = self.holdings.blocks, self.holdings.held
-        self.copies = CopyQueue(links, self.tiers[DRAM].block_bytes)
+        self.copies = CopyQueue(links, config.copy_chunk_bytes())
         self.cascade = Cascade(table, self.tiers, host.keeps_below, self.prefix, self.copies, clock)
         self.swap = SwapSpace(self)
         self.swapped = self.swap.swapped  # the requests swapped out to DRAM

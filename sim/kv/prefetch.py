@@ -223,7 +223,7 @@ class Prefetcher:
         from_dram = [b for b in blocks if t.where[DRAM, b]]
         from_ssd = [b for b in blocks if not t.where[DRAM, b]]
         if from_dram:
-            event = kv.links.h2d.transfer(len(from_dram) * block_bytes, block_bytes)
+            event = kv.links.h2d.transfer(len(from_dram) * block_bytes, kv.copies.piece_bytes)
             self._track(from_dram, event)
         if from_ssd:
             self._track(from_ssd, kv.env.process(self._via_dram(from_ssd)))
@@ -237,7 +237,7 @@ class Prefetcher:
         for b in blocks:
             if not kv.table.where[DRAM, b] and kv.table.where[2, b]:
                 kv.cascade.insert(kv.tiers[DRAM], b)
-        yield kv.links.h2d.transfer(len(blocks) * block_bytes, block_bytes)
+        yield kv.links.h2d.transfer(len(blocks) * block_bytes, kv.copies.piece_bytes)
 
     def _track(self, blocks: list[int], event: simpy.Event) -> None:
         for b in blocks:

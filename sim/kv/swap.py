@@ -44,7 +44,9 @@ class SwapSpace:
             if not t.where[DRAM, b]:
                 dram.add(b, now, evictable=False)
             holds[b] = holds.get(b, 0) + 1
-        kv.copies.wait_for(kv.links.d2h.transfer(len(moving) * dram.block_bytes))
+        kv.copies.wait_for(
+            kv.links.d2h.transfer(len(moving) * dram.block_bytes, kv.copies.piece_bytes)
+        )
         self.swapped.add(rid)
         kv.counters.swaps += 1
         return True
@@ -65,7 +67,7 @@ class SwapSpace:
                 dram.remove(b)
             if not t.where[HBM, b]:  # (one there is in use by another request: pinned)
                 home.add(b, now, evictable=False)
-        kv.copies.wait_for(kv.links.h2d.transfer(coming * dram.block_bytes))
+        kv.copies.wait_for(kv.links.h2d.transfer(coming * dram.block_bytes, kv.copies.piece_bytes))
         self.swapped.discard(rid)
 
     def blocks_in(self, rid: int) -> int:

@@ -3,7 +3,9 @@
 Each :class:`Link` is one direction (H2D, D2H, DRAM->SSD, SSD->DRAM). A transfer first pays
 the per-transfer latency, then joins the active set; every active transfer progresses at
 ``bandwidth / n_active``. Rates are recomputed whenever a transfer joins or leaves, and one
-completion timer (the earliest finish) is rescheduled; stale timers are ignored.
+completion timer (the earliest finish) is rescheduled; stale timers are ignored. A copy made
+of contiguous chunks of ``s`` bytes puts ``nbytes / chunk_efficiency(s)`` bytes' worth of link
+time on the link (:func:`chunk_efficiency`): small chunks are slower, and that time is shared.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from sim.config.hardware import HardwareSpec
 _DONE_BYTES = 1e-3  # bytes left below which a transfer counts as delivered (float rounding)
 
 
-def chunk_efficiency(chunk_bytes: float, half_efficiency_bytes: float) -> float:
-    """Fraction of the link's bandwidth that copies of ``chunk_bytes`` contiguous bytes get."""
+def chunk_efficiency(chunk_bytes: float, half_efficiency_bytes: float, blend: float = 1.0) -> float:
+    """Fraction of the link's bandwidth that copies of ``chunk_bytes`` contiguous bytes get:
+    ``1 / (1 + (h/s)^p)^(1/p)``; with ``p = blend = 1``, ``s / (s + h)``."""
     if half_efficiency_bytes <= 0 or chunk_bytes <= 0:
         return 1.0
-    return chunk_bytes / (chunk_bytes + half_efficiency_bytes)
+    if blend == 1.0:
+        return chunk_bytes / (chunk_bytes + half_efficiency_bytes)
+    return (1.0 + (half_efficiency_bytes / chunk_bytes) ** blend) ** (-1.0 / blend)
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Link:
     bandwidth: float
     latency: float = 0.0
     half_efficiency_bytes: float = 0.0
+    blend: float = 1.0
     bytes_submitted: float = 0.0
     bytes_delivered: float = 0.0
     busy_s: float = 0.0
@@ -59,7 +65,8 @@ class Link:
         """
         done = self.env.event()
         self.bytes_submitted += nbytes
-        wire = nbytes / chunk_efficiency(chunk_bytes or nbytes, self.half_efficiency_bytes)
+        efficiency = chunk_efficiency(chunk_bytes or nbytes, self.half_efficiency_bytes, self.blend)
+        wire = nbytes / efficiency
         job = _Transfer(remaining=wire, done=done, nbytes=nbytes)
         delay = self.latency * latencies
         if nbytes <= 0:
@@ -135,10 +142,10 @@ class Links:
     def from_hardware(cls, env: simpy.Environment, hw: HardwareSpec) -> Links:
         """Links with the profile's bandwidths, latencies and chunk efficiency."""
         link, ssd = hw.link, hw.ssd
-        half = link.half_efficiency_bytes
+        half, p = link.half_efficiency_bytes, link.chunk_blend
         return cls(
-            h2d=Link(env, "h2d", link.h2d, link.latency, half),
-            d2h=Link(env, "d2h", link.d2h, link.latency, half),
+            h2d=Link(env, "h2d", link.h2d, link.latency, half, p),
+            d2h=Link(env, "d2h", link.d2h, link.latency, half, p),
             ssd_read=Link(env, "ssd_read", ssd.read, ssd.latency),
             ssd_write=Link(env, "ssd_write", ssd.write, ssd.latency),
         )

@@ -79,12 +79,14 @@ class DramCentricMode(Mode):
         self._cache(hbm, self._produced(ids, context, new), pinned, write_policy == "write_back")
         if write_policy == "write_through":
             per_token = dram.block_bytes / kv.bt
-            kv.links.d2h.transfer(float(new.sum()) * per_token, dram.block_bytes)
+            kv.links.d2h.transfer(float(new.sum()) * per_token, kv.copies.piece_bytes)
         kv.copies.flush()
         blocking.extend(kv.copies.take_blocking())
         fetch = len(misses) * dram.block_bytes
         decompress = len(misses) * hbm.block_bytes if dram.block_bytes != hbm.block_bytes else 0.0
-        return StepIO(fetch, dram.block_bytes, blocking, staging, attended, decompress)
+        # a direct read loads cache lines in place (coherent link): no per-chunk copy cost
+        chunk = fetch if direct else kv.copies.piece_bytes
+        return StepIO(fetch, chunk, blocking, staging, attended, decompress)
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Blocks this step starts writing (its new tokens' blocks not yet holding KV)."""

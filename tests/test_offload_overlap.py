@@ -1,0 +1,81 @@
+"""A prefix load from DRAM overlaps the other requests' steps (as vLLM's offloading connector
+does), and costs the loading request its load time: a hand-computed case."""
+
+import numpy as np
+import pytest
+
+from sim.run import simulate
+from sim.workload.requests import Requests
+from tests.conftest import make_config
+
+BT = 16
+DOC = 400  # blocks of the document r3 asks about again (6400 tokens, 800 MiB of Llama-3-8B KV)
+ARRIVE = 1.0  # r3's arrival: r0 and r1 are done, r2 decodes
+
+
+def doc(d: int, blocks: int) -> np.ndarray:
+    """Prefix hashes of document ``d``'s first ``blocks`` blocks."""
+    return np.arange(blocks, dtype=np.uint64) + np.uint64(1 + d * 100_003)
+
+
+def case(with_r3: bool) -> Requests:
+    """r0 reads doc A, r1 doc B (which pushes A's blocks out of an 600-block HBM pool to
+    DRAM, where write-through put them); r2 decodes 400 tokens; r3 asks about doc A again."""
+    n = 4 if with_r3 else 3
+    prompts = [DOC * BT + 1, DOC * BT + 1, BT + 1, DOC * BT + 1][:n]
+    hashes = [doc(0, DOC), doc(1, DOC), doc(2, 1), doc(0, DOC)][:n]
+    return Requests(
+        arrival_s=np.array([0.0, 0.001, 0.002, ARRIVE][:n]),
+        prompt_tokens=np.array(prompts),
+        output_tokens=np.array([2, 2, 400, 2][:n]),
+        prefix_hashes=hashes,
+    )
+
+
+def test_a_dram_hit_loads_while_another_request_decodes_and_costs_its_load_time():
+    config = make_config("engine.kv_pool_blocks=600", kv={"mode": "offload"})
+    run, alone = simulate(config, case(True)), simulate(config, case(False))
+    block = config.tier_block_bytes("dram")
+    loaded = run.summary["h2d_bytes"] / block  # only r3's load crosses H2D in offload mode
+    assert loaded == int(loaded) and loaded > 100
+    # by hand: h100-sxm's link, Llama-3-8B's 32 KiB (layer, block, K|V) chunks
+    chunk = BT * 8 * 128 * 2
+    efficiency = (1 + (30.4 * 1024 / chunk) ** 2.271) ** (-1 / 2.271)
+    assert efficiency == pytest.approx(0.7556, abs=1e-3)
+    load_s = 100e-6 + 5e-6 + loaded * block / (55e9 * efficiency)
+    tl = run.timeline
+    starts = tl.time_s.to_numpy()
+    s1 = starts[starts >= ARRIVE].min()  # r3 is admitted into loading at the next step
+    done = s1 + load_s
+    s2 = starts[starts >= done].min()  # ... and joins the first step after its load
+    during = tl[(tl.time_s >= s1) & (tl.time_s < s2)]
+    # the engine kept stepping r2 alone while r3 loaded ...
+    assert len(during) >= 2 and (during.batch_size == 1).all()
+    # ... at the same step times as without r3: its decode reads HBM and writes through
+    # over D2H, the load uses H2D: no link is shared, so no contention to add
+    ref = alone.timeline.set_index("time_s").step_s
+    np.testing.assert_allclose(during.step_s, ref.loc[during.time_s].to_numpy(), rtol=1e-12)
+    # r3's first token: queueing to s1, its load, the wait for the step in flight, then one
+    # step computing its uncached token beside r2's decode (no stall: its KV is home)
+    joined = tl[tl.time_s == s2].iloc[0]
+    assert joined.batch_size == 2 and joined.stall_s == 0
+    ttft = s2 + joined.step_s - ARRIVE
+    assert run.requests.ttft_s[3] == pytest.approx(ttft, rel=1e-12)
+    assert ttft > s1 - ARRIVE + load_s  # the hit was not free
+
+
+def test_neutral_link_keys_load_at_the_links_peak():
+    """Whole-block chunks, no chunk cost and no load overhead: r3's load takes one latency
+    plus its bytes at 55 GB/s, and it joins the first step after that."""
+    config = make_config(
+        "engine.kv_pool_blocks=600", "hardware.link.copy_layout=block",
+        "hardware.link.half_efficiency_bytes=0", "hardware.link.load_overhead=0",
+        kv={"mode": "offload"},
+    )  # fmt: skip
+    run = simulate(config, case(True))
+    loaded_bytes = run.summary["h2d_bytes"]
+    starts = run.timeline.time_s.to_numpy()
+    s1 = starts[starts >= ARRIVE].min()
+    s2 = starts[starts >= s1 + 5e-6 + loaded_bytes / 55e9].min()
+    joined = run.timeline[run.timeline.time_s == s2].iloc[0]
+    assert run.requests.ttft_s[3] == pytest.approx(s2 + joined.step_s - ARRIVE, rel=1e-12)
