@@ -156,20 +156,9 @@ class Efficiency(Strict):
     gemm_blend: float | None = Field(None, ge=1)
     kernels: Kernels | None = None
     attention_latency: KernelSeconds = 0.0
-    attention_extra_keys: int = Field(
-        0,
-        ge=0,
-        le=100_000,
-        description="keys' worth of work each prefill query token costs beyond the keys it "
-        "attends (tiles, softmax); 0 = the plain FLOP roofline",
-    )
-    decode_attention: float | None = Field(
-        None, gt=0, le=1, description="decode attention's fraction of hbm.bandwidth (None: hbm)"
-    )
-    decode_attention_latency: KernelSeconds | None = Field(
-        None, description="fixed time of one decode attention call, per layer (None: "
-        "attention_latency)"
-    )
+    attention_extra_keys: int = Field(0, ge=0, le=100_000)
+    decode_attention: float | None = Field(None, gt=0, le=1)
+    decode_attention_latency: KernelSeconds | None = None
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
 
