@@ -75,7 +75,7 @@ def fit_prefill(rows: pd.DataFrame, peak_flops: float) -> tuple[float, int, np.n
     pairs = queries * (rows.seqlen + 1.0).to_numpy() / 2.0
     slope, extra_slope = _relative_lstsq([pairs * per_pair, queries * per_pair], t)
     efficiency = 1.0 / (slope * peak_flops)
-    extra = int(round(extra_slope / slope))
+    extra = round(float(extra_slope / slope))
     predicted = (pairs + queries * extra) * per_pair / (peak_flops * efficiency)
     return efficiency, extra, predicted / t - 1.0
 
