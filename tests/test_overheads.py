@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sim.cost.roofline import CostModel, CostParams
+from sim.errors import ConfigError
 from sim.run import simulate
 from tests.conftest import make_config
 
@@ -113,3 +114,17 @@ def test_one_request_alone_ttft_is_prefill_price_plus_host_costs():
     layers = config.model.layers * params.layer_overhead_s
     ttft = simulate(config).requests.ttft_s.iloc[0]
     assert ttft == pytest.approx(kernels + layers + 250e-6 + 40e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("hardware.efficiency.decode_attention=1.5", "less than or equal to 1 (got 1.5)"),
+        ("hardware.efficiency.sequence_overhead=1s", "at most 10 ms"),
+        ("hardware.efficiency.attention_extra_keys=-3", "greater than or equal to 0"),
+    ],
+)
+def test_bad_values_name_the_key(setting, message):
+    with pytest.raises(ConfigError) as error:
+        make_config(setting)
+    assert setting.split("=")[0] in str(error.value) and message in str(error.value)
