@@ -1,14 +1,21 @@
 """The attention fit: its data, its error on them, the profiles that carry it, and the
 cost model pricing the benchmarked kernels as the fit does."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
+import hardware_profiles
 from sim.config import load_hardware
+from sim.config.hardware import HardwareSpec
+from sim.config.loader import validate
 from sim.config.model import ModelSpec
 from sim.cost.roofline import CostModel, CostParams
 from validation import attentionfit
+from validation.profile import render_profile
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +77,13 @@ def test_cost_model_prices_the_benchmarked_decode_kernel_as_fitted(h100_fit):
         # the cost model's decode reads the new token too: context = seqlen - 1
         priced = cost.attention_time(np.ones(64), np.full(64, row.seqlen - 1))
         assert priced / (row.time_us * 1e-6) - 1 == pytest.approx(error, abs=0.002)
+
+
+def test_a_recalibration_keeps_the_attention_and_host_keys():
+    """``kvsim calibrate`` rewrites the efficiency section: the keys it does not fit stay."""
+    path = Path(hardware_profiles.__file__).parent / "h100-sxm.yaml"
+    text = path.read_text()
+    spec = load_hardware("h100-sxm")
+    rendered = render_profile(text, "h100-again", spec.efficiency, ["refit"], {})
+    again = validate(HardwareSpec, yaml.safe_load(rendered), "<rendered>")
+    assert again.efficiency == spec.efficiency
