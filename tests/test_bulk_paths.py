@@ -539,10 +539,7 @@ def test_demote_many_matches_demote_one_at_a_time(case, until):
 
 @pytest.mark.parametrize("case", TIGHT, ids=[f"{c[0]}-{c[1]}" for c in TIGHT])
 def test_release_take_and_register_match_the_per_block_code(case, monkeypatch):
-    bulk, loop = (_run_until(_engine(*case, seed=2), 6.0) for _ in range(2))
-    running = [r for r in bulk.scheduler.running.tolist() if r not in bulk.kv.swapped]
-    waiting = [r for r in bulk.scheduler.waiting if bulk.kv.held[r] == 0]
-    assert running and waiting
+    bulk, loop, running, waiting = _busy_pair(case)
     for rid in running[:2]:  # register every allocated block, then release
         tokens = len(bulk.kv.blocks[rid]) * bulk.kv.bt
         bulk.kv.register(rid, tokens)
@@ -561,6 +558,19 @@ def test_release_take_and_register_match_the_per_block_code(case, monkeypatch):
             continue
         assert bulk.kv.take(rid, hits) == _take_with(loop.kv, rid, hits, monkeypatch)
         assert kv_state(bulk.kv) == kv_state(loop.kv)
+
+
+def _busy_pair(case: tuple) -> tuple[Simulation, Simulation, list[int], list[int]]:
+    """Two equal engines of ``case`` run to the first half second from 6 s at which requests
+    both run and wait (none holding blocks), so the test does not hang on the cost model's
+    timing; those running and those waiting."""
+    for until in np.arange(6.0, 16.0, 0.5):
+        bulk = _run_until(_engine(*case, seed=2), float(until))
+        running = [r for r in bulk.scheduler.running.tolist() if r not in bulk.kv.swapped]
+        waiting = [r for r in bulk.scheduler.waiting if bulk.kv.held[r] == 0]
+        if running and waiting:
+            return bulk, _run_until(_engine(*case, seed=2), float(until)), running, waiting
+    raise AssertionError(f"{case}: no time in 6-16 s with requests running and waiting")
 
 
 def _take_with(kv: KvManager, rid: int, hits, monkeypatch) -> bool:

@@ -53,9 +53,11 @@ def _kernel_flow(kernel: Kernel) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-SECONDS_KEYS = ("gemm_latency", "attention_latency", "step_overhead", "layer_overhead")
-ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "attention", "attention_latency",
-         "hbm", "step_overhead", "layer_overhead")  # fmt: skip
+SECONDS_KEYS = ("gemm_latency", "attention_latency", "decode_attention_latency", "step_overhead",
+                "sequence_overhead", "layer_overhead")  # fmt: skip
+ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "attention", "attention_extra_keys",
+         "decode_attention", "decode_attention_latency", "attention_latency", "hbm",
+         "step_overhead", "sequence_overhead", "layer_overhead")  # fmt: skip
 
 
 def _value(eff: Efficiency, key: str) -> str:

@@ -147,6 +147,12 @@ class Efficiency(Strict):
     ``gemm_memory``, ``gemm_latency``, ``gemm_blend``, ``kernels`` and ``attention_latency``
     (fixed time of one attention kernel call, per layer) are optional calibrated refinements;
     without them a GEMM is the hard roofline at ``gemm`` and ``hbm`` efficiency.
+
+    The overheads are the serving runtime's host time (vLLM V1 in the GPU profiles): a fixed
+    ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step.
+    Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
+    ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
+    (``docs/cost-model.md``).
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
@@ -159,6 +165,10 @@ class Efficiency(Strict):
     gemm_blend: float | None = Field(None, ge=1)
     kernels: Kernels | None = None
     attention_latency: KernelSeconds = 0.0
+    attention_extra_keys: int = Field(0, ge=0, le=100_000)
+    decode_attention: float | None = Field(None, gt=0, le=1)
+    decode_attention_latency: KernelSeconds | None = None
+    sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
 
 class HardwareSpec(Strict):

@@ -97,6 +97,10 @@ class CostParams:
     gemm_blend: float = math.inf
     kernels: KernelSet | None = None
     attention_latency_s: float = 0.0
+    attention_extra_keys: int = 0
+    decode_attention_efficiency: float | None = None
+    decode_attention_latency_s: float | None = None
+    sequence_overhead_s: float = 0.0
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
@@ -118,6 +122,10 @@ class CostParams:
             gemm_blend=eff.gemm_blend or math.inf,
             kernels=kernels,
             attention_latency_s=eff.attention_latency,
+            attention_extra_keys=eff.attention_extra_keys,
+            decode_attention_efficiency=eff.decode_attention,
+            decode_attention_latency_s=eff.decode_attention_latency,
+            sequence_overhead_s=eff.sequence_overhead,
         )
 
     @property
@@ -141,6 +149,20 @@ class CostParams:
     def memory_bandwidth(self) -> float:
         """Achieved HBM bytes/s."""
         return self.hbm_bandwidth * self.hbm_efficiency
+
+    @property
+    def decode_bandwidth(self) -> float:
+        """Achieved HBM bytes/s of the decode attention kernel (its KV reads)."""
+        if self.decode_attention_efficiency is None:
+            return self.memory_bandwidth
+        return self.hbm_bandwidth * self.decode_attention_efficiency
+
+    @property
+    def decode_latency_s(self) -> float:
+        """Fixed time of one decode attention call, one layer."""
+        if self.decode_attention_latency_s is None:
+            return self.attention_latency_s
+        return self.decode_attention_latency_s
 
 
 def gemm_seconds(
@@ -213,7 +235,7 @@ class CostModel:
         # rounding cannot make the FLOPs the larger, so the roofline's max is the reads'
         # (a step's decode kernel and a run's, :meth:`_decode_kernels`, skip the FLOPs)
         flop_s = self.attention_flops_per_pair / params.attention_flops
-        read_s = self.kv_bytes_per_token_layer / params.memory_bandwidth
+        read_s = self.kv_bytes_per_token_layer / params.decode_bandwidth
         self.decode_reads_bound = flop_s < 0.5 * read_s
         linear = self._linear_time if comm is None else self._linear_with_comm
         self.linear_time = lru_cache(maxsize=1 << 16)(linear)
@@ -324,14 +346,15 @@ class CostModel:
         if prefill.any():
             new = new_tokens[prefill].astype(np.float64)
             ctx = self._attended(context[prefill])
-            total += self._kernel_time(new * (ctx + (new + 1.0) / 2.0), ctx + new)
+            keys = ctx + (new + 1.0) / 2.0 + p.attention_extra_keys
+            total += self._kernel_time(new * keys, ctx + new)
             total += m.layers * p.attention_latency_s  # 0 unless calibrated
         decode = new_tokens == 1
         if decode.any():
             # NOTE: the prefill formulas with new = 1.0 are exactly ctx + 1.0 for both
             span = self._attended(context if decode.all() else context[decode]) + 1.0
-            total += self._kernel_time(span, span, reads_bound=self.decode_reads_bound)
-            total += m.layers * p.attention_latency_s
+            total += self._kernel_time(span, span, decode=True)
+            total += m.layers * p.decode_latency_s
         return total
 
     def _attended(self, context: np.ndarray) -> np.ndarray:
@@ -339,26 +362,27 @@ class CostModel:
         ctx = context.astype(np.float64)
         return np.minimum(ctx, self.model.sliding_window) if self.model.sliding_window else ctx
 
-    def _kernel_time(
-        self, pairs: np.ndarray, attended: np.ndarray, reads_bound: bool = False
-    ) -> float:
+    def _kernel_time(self, pairs: np.ndarray, attended: np.ndarray, decode: bool = False) -> float:
         """One attention kernel over all layers: its FLOPs (``pairs`` of query and key
-        tokens) or its KV reads (``attended`` tokens), whichever takes longer (the reads,
-        unsummed FLOPs, when the caller knows they are: ``decode_reads_bound``)."""
+        tokens) or its KV reads (``attended`` tokens), whichever takes longer (a decode
+        kernel's reads, unsummed FLOPs, when they are known to: ``decode_reads_bound``)."""
         layers = self.model.layers
         traffic = (attended * self.kv_bytes_per_token_layer * layers).sum()
-        if reads_bound:
-            return self.kernel_seconds(0.0, traffic, reads_bound=True)
+        if decode and self.decode_reads_bound:
+            return self.kernel_seconds(0.0, traffic, decode=True)
         flops = (pairs * self.attention_flops_per_pair * layers).sum()
-        return self.kernel_seconds(flops, traffic)
+        return self.kernel_seconds(flops, traffic, decode)
 
-    def kernel_seconds(self, flops: float, traffic: float, reads_bound: bool = False) -> float:
+    def kernel_seconds(self, flops: float, traffic: float, decode: bool = False) -> float:
         """An attention kernel's time from its FLOPs and its KV bytes read (all layers): the
-        roofline's maximum, or the reads alone where they are known to bound it. The one
-        formula both the step price and the step planner's sums use."""
+        roofline's maximum (a decode kernel reads at its own bandwidth, and its reads alone
+        bound it where ``decode_reads_bound``). The one formula both the step price and the
+        step planner's sums use."""
         p = self.params
-        reads = traffic / p.memory_bandwidth
-        return reads if reads_bound else max(flops / p.attention_flops, reads)
+        if decode:
+            reads = traffic / p.decode_bandwidth
+            return reads if self.decode_reads_bound else max(flops / p.attention_flops, reads)
+        return max(flops / p.attention_flops, traffic / p.memory_bandwidth)
 
     # --- a whole step -----------------------------------------------------------------------
 
@@ -368,7 +392,7 @@ class CostModel:
         return StepCost(
             linear_s=self.linear_time(tokens, sampled),
             attention_s=self.attention_time(new_tokens, context),
-            overhead_s=self.overhead_s,
+            overhead_s=self.overhead_s(int(np.count_nonzero(new_tokens))),
             comm_s=self.comm_time(tokens, sampled),
         )
 
@@ -385,11 +409,11 @@ class CostModel:
             costs = [self.step(ones, context + j, n) for j in range(steps)]
             attention = np.array([c.attention_s for c in costs])
             return costs[0].linear_s, attention, costs[0].overhead_s
-        latency = self.model.layers * self.params.attention_latency_s
+        latency = self.model.layers * self.params.decode_latency_s
         return (
             self.linear_time(n, n),
             self._decode_kernels(context, steps) + latency,
-            self.overhead_s,
+            self.overhead_s(n),
         )
 
     @property
@@ -397,10 +421,16 @@ class CostModel:
         """Whether attention is this class's roofline (a measured-table model overrides it)."""
         return type(self).attention_time is CostModel.attention_time
 
-    @property
-    def overhead_s(self) -> float:
-        """The fixed time of every step."""
-        return self.params.step_overhead_s + self.model.layers * self.params.layer_overhead_s
+    def host_s(self, sequences: int) -> float:
+        """The runtime's host time of a step of ``sequences`` sequences: a fixed cost per step
+        (scheduling, input preparation, launch) and one per sequence (its input and block-table
+        rows, sampling, output processing), with the GPU idle."""
+        p = self.params
+        return p.step_overhead_s + sequences * p.sequence_overhead_s
+
+    def overhead_s(self, sequences: int) -> float:
+        """The step's time outside its kernels: host time plus the per-layer overhead."""
+        return self.host_s(sequences) + self.model.layers * self.params.layer_overhead_s
 
     def _vectorised(self) -> bool:
         """Whether attention is this roofline (a step's sums can be rows of one array)."""
@@ -410,7 +440,7 @@ class CostModel:
         """The decode kernel's time in each of ``steps`` decode steps from ``context``."""
         m, p = self.model, self.params
         span = (context + 1.0)[None, :] + np.arange(steps, dtype=np.float64)[:, None]  # exact
-        reads = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1) / p.memory_bandwidth
+        reads = (span * self.kv_bytes_per_token_layer * m.layers).sum(axis=1) / p.decode_bandwidth
         if self.decode_reads_bound:
             return reads
         flops = (span * self.attention_flops_per_pair * m.layers).sum(axis=1)

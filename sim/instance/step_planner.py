@@ -68,7 +68,8 @@ def exact(engine: StepHost) -> bool:
         return False
     pool = float(kv.home.capacity * config.block_tokens + config.max_batched_tokens)
     spans = (pool + config.max_num_seqs) * max(kv_bytes, flops) * cost.model.layers
-    pairs = config.max_batched_tokens * pool * flops * cost.model.layers
+    keys = pool + cost.params.attention_extra_keys  # a query token's keys, at most
+    pairs = config.max_batched_tokens * keys * flops * cost.model.layers
     return max(spans, pairs) < EXACT
 
 
@@ -87,8 +88,10 @@ class StepPlanner:
         self.layers = model.layers
         self.kernel = cost.kernel_seconds  # the roofline's kernel formula, on exact sums
         self.latency = model.layers * params.attention_latency_s
+        self.decode_latency = model.layers * params.decode_latency_s
+        self.extra_keys = params.attention_extra_keys
         self.reads_bound = cost.decode_reads_bound
-        self.overhead = cost.overhead_s
+        self.overhead = cost.overhead_s  # the step's overhead, by its sequences
         self.window = model.sliding_window or 0  # 0: attention reads the whole context
         self.exact = exact(engine)  # else each step's attention is the cost model's call
 
@@ -219,7 +222,7 @@ class StepPlanner:
                 decodes += 1
                 prefill += c < p  # a prompt's last token
             else:
-                pairs += n * (a + (n + 1.0) / 2.0)
+                pairs += n * (a + (n + 1.0) / 2.0 + self.extra_keys)
                 attended += a + n
                 prefill += n
         if not self.exact:
@@ -237,7 +240,7 @@ class StepPlanner:
             attention += self.latency
         if decodes:
             attention += self._decode_kernel(spans)
-            attention += self.latency
+            attention += self.decode_latency
         return Tally(sum(tokens), sampled, prefill, reads, attention)
 
     def _finish_step(self, log: RunLog, tokens: list[int]) -> None:
@@ -246,7 +249,8 @@ class StepPlanner:
         computed, generated, prompt = self.computed, self.generated, self.prompt
         total, sampled, prefill, reads, attention = self.tally(tokens, computed, prompt, generated)
         linear = e.cost.linear_time(total, sampled)
-        compute = linear + attention + self.overhead
+        overhead = self.overhead(len(tokens) - tokens.count(0))
+        compute = linear + attention + overhead
         end = log.now + compute
         log.compute.append(compute)
         log.batch.append(len(tokens) - tokens.count(0))
@@ -255,7 +259,7 @@ class StepPlanner:
         log.sampled.append(sampled)
         log.linear.append(linear)
         log.attention.append(attention)
-        log.overhead.append(self.overhead)
+        log.overhead.append(overhead)
         log.activations.append(e.cost.activation_bytes(total, sampled))
         log.reads.append(reads)
         log.hits.append(NO_HITS)
@@ -281,7 +285,7 @@ class StepPlanner:
     def _decode_kernel(self, spans: int) -> float:
         """The decode kernel's time over sequences attending ``spans`` tokens in all."""
         flops = 0.0 if self.reads_bound else spans * self.flops * self.layers
-        return self.kernel(flops, spans * self.kv_bytes * self.layers, self.reads_bound)
+        return self.kernel(flops, spans * self.kv_bytes * self.layers, True)
 
     def _release(self, done: list[int], end: float) -> None:
         """The requests at ``done`` (indices, in batch order) finished at ``end``."""
@@ -332,7 +336,7 @@ class StepPlanner:
         linear, activations = e.cost.linear_time(n, n), e.cost.activation_bytes(n, n)
         for column, value in (
             (log.batch, n), (log.tokens, n), (log.prefill, 0), (log.sampled, n),
-            (log.linear, linear), (log.overhead, self.overhead), (log.activations, activations),
+            (log.linear, linear), (log.overhead, self.overhead(n)), (log.activations, activations),
             (log.hits, NO_HITS), (log.running, n), (log.cached, 0),
         ):  # fmt: skip
             column += [value] * taken
@@ -351,7 +355,8 @@ class StepPlanner:
         bt, n, ids, held, grow = self.bt, len(self.ids), self.ids, self.held, self._grow
         spans, growth, full = self._spans()
         reads = sum(held)
-        linear, overhead, latency = self.e.cost.linear_time(n, n), self.overhead, self.latency
+        linear, overhead = self.e.cost.linear_time(n, n), self.overhead(n)
+        latency = self.decode_latency
         compute_at, attention_at = log.compute.append, log.attention.append
         reads_at, resident_at = log.reads.append, log.resident.append
         exact, ones, contexts = self.exact, None, None

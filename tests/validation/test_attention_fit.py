@@ -1,0 +1,89 @@
+"""The attention fit: its data, its error on them, the profiles that carry it, and the
+cost model pricing the benchmarked kernels as the fit does."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import hardware_profiles
+from sim.config import load_hardware
+from sim.config.hardware import HardwareSpec
+from sim.config.loader import validate
+from sim.config.model import ModelSpec
+from sim.cost.roofline import CostModel, CostParams
+from validation import attentionfit
+from validation.profile import render_profile
+
+
+@pytest.fixture(scope="module")
+def h100_fit():
+    return attentionfit.fit("h100-sxm")
+
+
+def test_fit_error_on_the_published_points(h100_fit):
+    assert len(h100_fit.prefill_errors) == 6 and len(h100_fit.decode_errors) == 5
+    assert np.abs(h100_fit.prefill_errors).max() < 0.05
+    assert np.abs(h100_fit.decode_errors).max() < 0.05
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80g-sxm", "h100-pcie", "h200-sxm", "gh200"])
+def test_profiles_carry_the_fit(h100_fit, gpu):
+    eff = load_hardware(gpu).efficiency
+    assert eff.attention == pytest.approx(h100_fit.prefill_efficiency, abs=5e-5)
+    assert eff.attention_extra_keys == h100_fit.extra_keys
+    assert eff.decode_attention == pytest.approx(h100_fit.decode_efficiency, abs=5e-5)
+    assert eff.decode_attention_latency == pytest.approx(h100_fit.decode_latency_s, abs=5e-9)
+
+
+def test_fit_recovers_known_parameters_from_synthetic_points():
+    """Points made by the model's own equations give back the parameters that made them."""
+    peak, bandwidth, e_a, extra, e_d, l_d = 989e12, 3.35e12, 0.6, 250, 0.8, 9e-6
+    seqlen = np.array([512, 1024, 2048, 4096, 8192, 16384])
+    batch = 16384 // seqlen
+    pairs = batch * seqlen * ((seqlen + 1) / 2 + extra) * 4 * 16 * 128
+    seconds = pairs / (peak * e_a)
+    flops = 4.0 * batch * 16 * seqlen**2 * 128 / 2.0
+    prefill = pd.DataFrame(
+        {"batch": batch, "seqlen": seqlen, "heads": 16, "head_dim": 128,
+         "tflops": flops / seconds / 1e12}
+    )  # fmt: skip
+    got_e, got_x, errors = attentionfit.fit_prefill(prefill, peak)
+    assert (got_e, got_x) == (pytest.approx(e_a), extra)
+    assert np.abs(errors).max() < 1e-9
+    decode = pd.DataFrame(
+        {"batch": 64, "seqlen": [32, 128, 512, 2048], "kv_heads": 8, "head_dim": 128}
+    )
+    kv = attentionfit.decode_bytes(decode)
+    decode["time_us"] = (l_d + kv / (bandwidth * e_d)) * 1e6
+    got_e, got_l, _ = attentionfit.fit_decode(decode, bandwidth)
+    assert (got_e, got_l) == (pytest.approx(e_d), pytest.approx(l_d))
+
+
+def test_cost_model_prices_the_benchmarked_decode_kernel_as_fitted(h100_fit):
+    """A Llama-3-70B-shaped layer (64 / 8 heads of 128), 64 sequences at the benchmark's
+    KV lengths: the cost model's decode attention per layer is the fit's prediction."""
+    hw = load_hardware("h100-sxm")
+    model = ModelSpec(
+        name="bench", layers=1, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+        intermediate=28672, vocab=128256, dtype="bf16",
+    )  # fmt: skip
+    cost = CostModel(model, CostParams.from_hardware(hw))
+    rows = attentionfit.load_points()
+    rows = rows[(rows.gpu == "h100-sxm") & (rows.kind == "decode")]
+    for row, error in zip(rows.itertuples(), h100_fit.decode_errors, strict=True):
+        # the cost model's decode reads the new token too: context = seqlen - 1
+        priced = cost.attention_time(np.ones(64), np.full(64, row.seqlen - 1))
+        assert priced / (row.time_us * 1e-6) - 1 == pytest.approx(error, abs=0.002)
+
+
+def test_a_recalibration_keeps_the_attention_and_host_keys():
+    """``kvsim calibrate`` rewrites the efficiency section: the keys it does not fit stay."""
+    path = Path(hardware_profiles.__file__).parent / "h100-sxm.yaml"
+    text = path.read_text()
+    spec = load_hardware("h100-sxm")
+    rendered = render_profile(text, "h100-again", spec.efficiency, ["refit"], {})
+    again = validate(HardwareSpec, yaml.safe_load(rendered), "<rendered>")
+    assert again.efficiency == spec.efficiency
