@@ -100,6 +100,11 @@ FIT_PROVENANCE = (
         "estimate (est.): 3 ms (Hopper), 4 ms (A100) per engine step; no fit",
     ),
     (
+        "host link (`link.h2d`, `link.d2h`, `link.latency`: DRAM loads)",
+        "all",
+        "nvbandwidth copy-engine measurements (hardware-figures.md [M3]); latency estimated",
+    ),
+    (
         "`hbm.runtime_reserve`",
         "all",
         "estimate from vLLM's logged memory use (vllm-project/vllm#27508) and CUDA context sizes",
@@ -354,9 +359,13 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         "",
         f"kvsim's prediction for {len(outcomes)} published, measured serving results{scope}, "
         "each rerun as the benchmark ran it: N identical requests arriving at once with "
-        "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), or one "
-        "request alone (concurrency 1). Error = predicted / measured - 1: for a time, positive "
-        "means kvsim is slower than the engine; for a throughput, negative does. kvsim models "
+        "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), one "
+        "request alone (concurrency 1; a long prefill is one such request), the KV pool of the "
+        "engine's start-up plan (vLLM's `# GPU blocks`), or a prefix loaded back from CPU "
+        "DRAM (two offload runs of a three-request trace, the prefix evicted to DRAM in one "
+        "and kept in HBM in the other). Error = predicted / measured - 1: for a time, "
+        "positive means kvsim is slower than the engine; for a throughput or a capacity, "
+        "negative means it gives less. kvsim models "
         "a vLLM-like engine: rows of other engines (LMDeploy TurboMind, NVIDIA NIM) test its "
         "kernel-level cost model more than vLLM's runtime overheads. The measurements, with the "
         "exact quote of each number and where it stands on "

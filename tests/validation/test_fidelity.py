@@ -196,7 +196,8 @@ def test_a_capacity_row_plans_the_engine_it_describes_and_reads_the_pool():
     row["metric"], row["unit"] = "kv_capacity_tokens", "tokens"
     assert fidelity.predict(row) == 16 * blocks  # vLLM's 16-token blocks
     # a pool fixed by hand is the pool predicted, whatever the plan would have carved
-    row["metric"], row["unit"], row["settings"] = "kv_capacity_blocks", "blocks", "engine.kv_pool_blocks=1234"
+    row["metric"], row["unit"] = "kv_capacity_blocks", "blocks"
+    row["settings"] = "engine.kv_pool_blocks=1234"
     assert fidelity.predict(row) == 1234
 
 
