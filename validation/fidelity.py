@@ -4,16 +4,21 @@
 ``validation/data/fidelity_measurements.csv`` (columns: ``validation/data/README.md``), builds
 for every simulable row the kvsim run that reproduces the measurement (``row_config``: N
 identical requests arriving at once with ``max_num_seqs`` = the batch, as vLLM's
-``benchmark_latency`` and LMDeploy's static benchmark run them), runs it, reads the predicted
-figure (``predict``) and prints the signed error; ``--out`` writes the page. The rows are a
-test set: nothing in kvsim is fitted on them (``FIT_PROVENANCE`` says what is).
+``benchmark_latency`` and LMDeploy's static benchmark run them; ``capacity_config`` for the
+KV pool an engine reports at start-up; ``load_configs`` for a prefix loaded back from CPU
+DRAM), runs it, reads the predicted figure (``predict``) and prints the signed error;
+``--out`` writes the page. A row's ``settings`` (``key=value`` overrides, as ``--set``
+takes them) are applied last. The rows are a test set: nothing in kvsim is fitted on them
+(``FIT_PROVENANCE`` says what is).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +52,16 @@ METRICS = {
     "e2e_latency": "time",  # time until the whole batch has finished
     "ttft": "time",  # first token of a request alone
     "itl": "time",  # mean time between output tokens of a request alone
-    "kv_capacity_blocks": "blocks",  # not simulated yet (no row with a stated GPU)
-    "kv_load_time": "time",  # not simulated yet (no row with a stated GPU)
+    "kv_capacity_blocks": "blocks",  # KV blocks of the start-up memory plan (vLLM "# GPU blocks")
+    "kv_capacity_tokens": "tokens",  # the same in tokens (vLLM V1 "GPU KV cache size")
+    "kv_load_time": "time",  # a prefix's KV loaded from CPU DRAM back into HBM
 }
 UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
-UNITS = {"tok/s": "tok/s", "s": "time", "ms": "time", "blocks": "blocks"}
-SIMULATED = ("output_throughput", "e2e_latency", "ttft", "itl")
+UNITS = {"tok/s": "tok/s", "s": "time", "ms": "time", "blocks": "blocks", "tokens": "tokens"}
+SIMULATED = tuple(METRICS)
+CAPACITY = ("kv_capacity_blocks", "kv_capacity_tokens")
+TRACE_BLOCK = 512  # tokens per Mooncake hash id (docs/workloads.md)
+LOAD_GAP_MS = 600_000  # arrivals of the DRAM-load runs' requests: each finishes before the next
 
 # Which data fitted which parameter of the profiles these rows run on (read from the profiles'
 # headers and comments; extend it when a parameter gets a new fit). Never an end-to-end row.
@@ -89,6 +98,11 @@ FIT_PROVENANCE = (
         "`efficiency.step_overhead`",
         "all",
         "estimate (est.): 3 ms (Hopper), 4 ms (A100) per engine step; no fit",
+    ),
+    (
+        "host link (`link.h2d`, `link.d2h`, `link.latency`: DRAM loads)",
+        "all",
+        "nvbandwidth copy-engine measurements (hardware-figures.md [M3]); latency estimated",
     ),
     (
         "`hbm.runtime_reserve`",
@@ -144,6 +158,11 @@ def is_simulated(row: pd.Series) -> bool:
     return str(row["simulate"]).strip() == "yes"
 
 
+def settings(row: pd.Series) -> list[str]:
+    """The row's ``key=value`` overrides (``settings``, space-separated), as ``--set`` takes."""
+    return str(row.get("settings", "")).split()
+
+
 def row_config(row: pd.Series) -> dict:
     """The kvsim config (as a mapping) that reproduces the row's benchmark: ``batch``
     identical requests arriving at once, ``max_num_seqs`` = the batch, prefix caching off."""
@@ -171,13 +190,86 @@ def row_config(row: pd.Series) -> dict:
     }
 
 
+def capacity_config(row: pd.Series) -> dict:
+    """The config of a KV-capacity row: the engine as it started (``batch`` = ``max_num_seqs``,
+    ``input_tokens`` = the tokens of its profiling batch, ``max_num_batched_tokens``; the
+    row's ``settings`` add the utilisation) and one one-token request, enough to plan HBM."""
+    config = row_config(row)
+    config["engine"].update(max_batched_tokens=int(row["input_tokens"]))
+    config["workload"].update(num_requests=1, prompt_tokens=16, output_tokens=1)
+    return config
+
+
+def load_configs(row: pd.Series, trace: Path) -> tuple[dict, dict]:
+    """The two runs that time a prefix load of ``input_tokens`` tokens from CPU DRAM (as an
+    LMCache retrieve or vLLM's offloading connector does it), fetched before compute.
+
+    Both replay ``trace`` (:func:`write_load_trace`): a request computes the prefix, a
+    second with other content follows, then the first prompt comes again. In the first
+    config the HBM pool holds one request, so the second evicts the prefix to DRAM and the
+    third loads it back; in the second, the pool keeps it in HBM. The third request's TTFT
+    differs between them by the load."""
+    prompt = int(row["input_tokens"])
+    base = row_config(row)
+    base["workload"] = {"kind": "trace", "format": "mooncake", "path": str(trace)}
+    base["engine"].update(max_num_seqs=1, max_batched_tokens=max(8192, prompt))
+    base["kv"].update(mode="offload", prefix_caching=True, layerwise=False)
+    evicting = json.loads(json.dumps(base))
+    evicting["engine"]["kv_pool_blocks"] = -(-prompt // base["engine"]["block_tokens"]) + 1
+    return evicting, base
+
+
+def write_load_trace(prompt: int, path: Path) -> Path:
+    """A Mooncake trace of the DRAM-load runs: prompts A, B (no id shared with A), A again."""
+    ids = -(-prompt // TRACE_BLOCK)
+    first, other = list(range(ids)), list(range(ids, 2 * ids))
+    rows = [(0, first), (LOAD_GAP_MS, other), (2 * LOAD_GAP_MS, first)]
+    lines = [
+        json.dumps({"timestamp": t, "input_length": prompt, "output_length": 1, "hash_ids": h})
+        for t, h in rows
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _build(row: pd.Series, config: dict):
+    return build_config(config, source=f"fidelity row {row['id']}", overrides=settings(row))
+
+
+def predict_capacity(row: pd.Series) -> float:
+    """The KV pool of the row's start-up plan, in blocks or tokens."""
+    result = simulate(_build(row, capacity_config(row)))
+    blocks = result.plan.pool_blocks
+    if row["metric"] == "kv_capacity_blocks":
+        return float(blocks)
+    return float(blocks * result.config.engine.block_tokens)
+
+
+def predict_load(row: pd.Series) -> float:
+    """The DRAM load time of the row's prefix (:func:`load_configs`), in the row's unit."""
+    with tempfile.TemporaryDirectory() as folder:
+        trace = write_load_trace(int(row["input_tokens"]), Path(folder) / "load.jsonl")
+        runs = [simulate(_build(row, config)) for config in load_configs(row, trace)]
+    for result in runs:
+        if (result.requests["status"] != "finished").any():
+            raise RuntimeError(f"row {row['id']}: kvsim rejected a request of the benchmark")
+    if runs[0].summary["dram_hit_rate"] <= 0 or runs[1].summary["dram_hit_rate"] > 0:
+        raise RuntimeError(f"row {row['id']}: the runs did not load the prefix from DRAM once")
+    loaded, kept = (float(r.requests["ttft_s"].iloc[-1]) for r in runs)
+    return (loaded - kept) / UNIT_SECONDS[row["unit"]]
+
+
 def predict(row: pd.Series) -> float:
     """Run the row's config and return kvsim's figure for the row's metric, in its unit."""
-    result = simulate(build_config(row_config(row), source=f"fidelity row {row['id']}"))
+    metric = row["metric"]
+    if metric in CAPACITY:
+        return predict_capacity(row)
+    if metric == "kv_load_time":
+        return predict_load(row)
+    result = simulate(_build(row, row_config(row)))
     requests = result.requests
     if (requests["status"] != "finished").any():
         raise RuntimeError(f"row {row['id']}: kvsim rejected a request of the benchmark")
-    metric = row["metric"]
     if metric == "output_throughput":
         return float(requests["output_tokens"].sum() / requests["finish_s"].max())
     seconds = {
@@ -267,9 +359,13 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         "",
         f"kvsim's prediction for {len(outcomes)} published, measured serving results{scope}, "
         "each rerun as the benchmark ran it: N identical requests arriving at once with "
-        "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), or one "
-        "request alone (concurrency 1). Error = predicted / measured - 1: for a time, positive "
-        "means kvsim is slower than the engine; for a throughput, negative does. kvsim models "
+        "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), one "
+        "request alone (concurrency 1; a long prefill is one such request), the KV pool of the "
+        "engine's start-up plan (vLLM's `# GPU blocks`), or a prefix loaded back from CPU "
+        "DRAM (two offload runs of a three-request trace, the prefix evicted to DRAM in one "
+        "and kept in HBM in the other). Error = predicted / measured - 1: for a time, "
+        "positive means kvsim is slower than the engine; for a throughput or a capacity, "
+        "negative means it gives less. kvsim models "
         "a vLLM-like engine: rows of other engines (LMDeploy TurboMind, NVIDIA NIM) test its "
         "kernel-level cost model more than vLLM's runtime overheads. The measurements, with the "
         "exact quote of each number and where it stands on "

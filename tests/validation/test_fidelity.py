@@ -7,10 +7,12 @@ against the rows they reproduce."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.config.loader import build_config
@@ -34,6 +36,7 @@ UNIT_OF = {
     "itl": {"s", "ms"},
     "kv_load_time": {"s", "ms"},
     "kv_capacity_blocks": {"blocks"},
+    "kv_capacity_tokens": {"tokens"},
 }
 
 
@@ -96,6 +99,7 @@ CASES = [
     ("lmd-70b-tp4-b64", "llama-2-70b", "a100-80g-sxm", 4, 64, 1, 128, "fp16"),
     ("vllm-ci-8b-h200", "llama-3-8b", "h200-sxm", 1, 8, 32, 128, "bf16"),
     ("nim-70b-fp8-tp2-itl-5000", "llama-3-70b", "h100-sxm", 2, 1, 5000, 500, "fp8"),
+    ("minference-8b-a100-fa2-100k", "llama-3-8b", "a100-80g-sxm", 1, 1, 100000, 1, "bf16"),
 ]
 
 
@@ -155,3 +159,70 @@ def test_the_fidelity_page_is_current():
     assert (REPO / "docs" / "fidelity.md").read_text() == expected, (
         "regenerate with: python -m validation.fidelity --out docs/fidelity.md"
     )
+
+
+def _row(**fields) -> pd.Series:
+    """A measurement row built by hand (no CSV), for the metrics no simulated row uses yet."""
+    base = dict(
+        id="hand",
+        model_profile="llama-3-8b",
+        dtype="bf16",
+        kv_dtype="bf16",
+        hardware_profile="h100-sxm",
+        tp=1,
+        batch=1,
+        input_tokens=1,
+        output_tokens=1,
+        unit="s",
+        settings="",
+    )
+    return pd.Series({**base, **fields})
+
+
+def test_a_capacity_row_plans_the_engine_it_describes_and_reads_the_pool():
+    # vLLM V1 defaults of a start-up: max_num_seqs 256, a profiling batch of 8192 tokens
+    row = _row(
+        metric="kv_capacity_blocks",
+        unit="blocks",
+        batch=256,
+        input_tokens=8192,
+        settings="engine.gpu_memory_utilization=0.95",
+    )
+    config = build_config(fidelity.capacity_config(row), overrides=fidelity.settings(row))
+    assert config.engine.max_num_seqs == 256 and config.engine.max_batched_tokens == 8192
+    assert config.engine.gpu_memory_utilization == 0.95
+    blocks = fidelity.predict(row)
+    assert blocks > 0 and blocks == int(blocks)
+    row["metric"], row["unit"] = "kv_capacity_tokens", "tokens"
+    assert fidelity.predict(row) == 16 * blocks  # vLLM's 16-token blocks
+    # a pool fixed by hand is the pool predicted, whatever the plan would have carved
+    row["metric"], row["unit"] = "kv_capacity_blocks", "blocks"
+    row["settings"] = "engine.kv_pool_blocks=1234"
+    assert fidelity.predict(row) == 1234
+
+
+def test_the_load_trace_computes_a_prefix_then_other_content_then_the_prefix_again(tmp_path):
+    path = fidelity.write_load_trace(1100, tmp_path / "t.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    # ceil(1100 / 512) = 3 Mooncake ids per prompt; the second prompt shares none
+    assert [r["hash_ids"] for r in rows] == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]
+    assert [r["input_length"] for r in rows] == [1100] * 3
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+    row = _row(metric="kv_load_time", input_tokens=1100)
+    evicting, keeping = (build_config(c) for c in fidelity.load_configs(row, path))
+    # the evicting pool holds one prompt: ceil(1100 / 16) = 69 blocks, plus one
+    assert evicting.engine.kv_pool_blocks == 70 and keeping.engine.kv_pool_blocks is None
+    for config in (evicting, keeping):
+        assert config.kv.mode == "offload" and config.kv.prefix_caching and not config.kv.layerwise
+
+
+def test_a_dram_load_takes_at_least_the_bytes_over_the_host_link_and_grows_with_them():
+    row = _row(metric="kv_load_time", unit="ms", input_tokens=10240)
+    load_ms = fidelity.predict(row)
+    # Llama-3-8B bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 128 KiB a token; the 10240
+    # tokens but the last blocks (recomputed: at most 4 of 16 tokens) come back over H100's
+    # 55 GB/s host link, no faster
+    floor_ms = (10240 - 4 * 16) * 128 * 1024 / 55e9 * 1e3
+    assert floor_ms <= load_ms < 2 * floor_ms
+    row["input_tokens"] = 20480
+    assert fidelity.predict(row) == pytest.approx(2 * load_ms, rel=0.1)
