@@ -89,7 +89,7 @@ def fit_device(table: pd.DataFrame, block_bytes: float, dtype_bytes: float) -> D
     flops, bandwidth = measured_peaks(table)
     link, half = fit_link(table, block_bytes)
     d2h = None if (table.direction == "host").any() else fit_link(table, block_bytes, "d2h")[0]
-    ops = fit_ops(table[table.kind != "copy"], (flops, bandwidth, dtype_bytes))
+    ops = fit_ops(table[table.kind != "copy"], (flops, bandwidth, dtype_bytes), row_blocks=True)
     att = table[table.kind.str.startswith("attention")]
     attention = fit_attention(
         att.flops.to_numpy(), att.bytes.to_numpy(), att.time_s.to_numpy(),
@@ -202,8 +202,12 @@ def fit_summary(fit: DeviceFit, device: str, quick: bool, raw: Path, rows: int) 
 
 def notes(fit: DeviceFit) -> dict[str, str]:
     """Comments of the fitted efficiency keys."""
-    att = fit.attention
+    att, g = fit.attention, fit.ops.gemm
+    passes = "one pass" if g.row_block is None else f"a pass per {g.row_block} rows"
+    limit = "no limit" if g.max_passes is None else f"at most {g.max_passes}"
     return table_notes(fit.ops) | {
+        "gemm_row_block": f"fit: few-row GEMMs read the weights {passes} (null: one pass)",
+        "gemm_max_passes": f"fit: passes over the weights, {limit}",
         "attention": f"fit: prefill rate {att.flops_rate / 1e9:.3g} GFLOP/s / peak",
         "attention_latency": "fit: fixed time of one layer's attention call (KV write, SDPA)",
         "hbm": f"fit: decode attention reads KV at {att.bandwidth / 1e9:.3g} GB/s / peak",

@@ -6,7 +6,9 @@ numpy form; ``tests/validation/test_fit.py`` checks they agree with ``sim.cost.r
 
 - :func:`fit_affine`: ``t = intercept + slope * x`` (a link: latency + bytes / bandwidth;
   decode attention: overhead + bytes / bandwidth; prefill attention: overhead + FLOPs / rate).
-- :func:`fit_gemm`: ``t = latency + blend(FLOPs / (F e), bytes / (B m), p)``.
+- :func:`fit_gemm`: ``t = latency + blend(FLOPs / (F e), bytes / (B m), p)``; with
+  ``row_blocks`` it also picks how many rows share one pass over the weights
+  (:func:`fit_row_block`).
 - :func:`fit_kernel`: ``t = blend(latency + row / row_bw, T row / (B m), p)``.
 """
 
@@ -22,6 +24,9 @@ from sim.errors import KvsimError
 DECODE_MAX_TOKENS = 64  # "decode-sized": at most this many tokens (hardware-figures.md s.2)
 MAX_BLEND = 64.0
 MIN_POINTS = 4
+ROW_BLOCKS = (1, 2, 3, 4, 6, 8, 12, 16)  # candidate rows per weight pass (MKL: a few)
+MAX_PASSES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, None)  # candidate limits (None: none)
+ROW_BLOCK_GAIN = 0.7  # a row block is kept only if it cuts the fit's cost below this share
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class GemmFit:
     latency_s: float
     blend: float
     residual: Residual
+    row_block: int | None = None
+    max_passes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,18 +90,32 @@ def soft_max(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     return np.where(top > 0, top * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
 
 
+def weight_passes(
+    tokens: np.ndarray, row_block: int | None, max_passes: int | None = None
+) -> np.ndarray:
+    """Passes over the weights of GEMMs of ``tokens`` rows: ``ceil(tokens / row_block)``,
+    at least 1, at most ``max_passes``; 1 everywhere without a row block."""
+    tokens = np.asarray(tokens, dtype=float)
+    if row_block is None:
+        return np.ones_like(tokens)
+    passes = np.maximum(np.ceil(tokens / row_block), 1.0)
+    return passes if max_passes is None else np.minimum(passes, max_passes)
+
+
 def gemm_model(
     x: np.ndarray,
     tokens: np.ndarray,
     shape: tuple[np.ndarray, np.ndarray],
     peaks: tuple[float, float, float],
+    passes: np.ndarray | float = 1.0,
 ) -> np.ndarray:
-    """GEMM time for ``x = (latency_us, efficiency, memory, blend)``; peaks = (F, B, bytes/elt)."""
+    """GEMM time for ``x = (latency_us, efficiency, memory, blend)``; peaks = (F, B, bytes/elt);
+    ``passes``: how often each GEMM reads its weights (:func:`weight_passes`)."""
     latency_us, efficiency, memory, p = x
     fan_in, fan_out = shape
     flops_peak, bandwidth, width = peaks
     flops = 2.0 * tokens * fan_in * fan_out
-    traffic = (fan_in * fan_out + tokens * (fan_in + fan_out)) * width
+    traffic = (fan_in * fan_out * passes + tokens * (fan_in + fan_out)) * width
     return latency_us * 1e-6 + soft_max(
         flops / (flops_peak * efficiency), traffic / (bandwidth * memory), p
     )
@@ -150,11 +171,27 @@ def fit_affine(x: np.ndarray, time_s: np.ndarray, what: str = "affine fit") -> A
     return AffineFit(float(a), float(b), Residual.of(a + b * x, time_s))
 
 
+def _gemm_least_squares(
+    tokens: np.ndarray, shape: tuple[np.ndarray, np.ndarray], time_s: np.ndarray,
+    peaks: tuple[float, float, float], passes: np.ndarray | float, start: list[float],
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """The fitted ``(latency_us, efficiency, memory, blend)`` at fixed passes, and its cost."""
+    weights = regime_weights(tokens)
+    fit = least_squares(
+        lambda v: weights * np.log(gemm_model(v, tokens, shape, peaks, passes) / time_s),
+        start,
+        bounds=([0.0, 1e-3, 1e-3, 1.0], [1e4, 1.0, 1.0, MAX_BLEND]),
+        x_scale=[1.0, 0.1, 0.1, 1.0],
+    )
+    return fit.x, float(fit.cost)
+
+
 def fit_gemm(
     tokens: np.ndarray,
     shape: tuple[np.ndarray, np.ndarray],
     time_s: np.ndarray,
     peaks: tuple[float, float, float],
+    row_blocks: bool = False,
 ) -> GemmFit:
     """Fit a GEMM's (efficiency, memory, latency, blend) to times over shapes and tokens.
 
@@ -163,20 +200,49 @@ def fit_gemm(
         shape: (fan_in, fan_out) arrays of the weights.
         time_s: measured times.
         peaks: (peak FLOP/s, peak memory bytes/s, bytes per element).
+        row_blocks: also fit rows per weight pass and the most passes (:func:`fit_row_block`).
     """
     time_s = _check(time_s, "GEMM fit")
     tokens = np.asarray(tokens, dtype=float)
     shape = (np.asarray(shape[0], dtype=float), np.asarray(shape[1], dtype=float))
-    weights = regime_weights(tokens)
-    fit = least_squares(
-        lambda v: weights * np.log(gemm_model(v, tokens, shape, peaks) / time_s),
-        [5.0, 0.7, 0.8, 2.0],
-        bounds=([0.0, 1e-3, 1e-3, 1.0], [1e4, 1.0, 1.0, MAX_BLEND]),
-        x_scale=[1.0, 0.1, 0.1, 1.0],
-    )
-    latency_us, efficiency, memory, p = fit.x
-    residual = Residual.of(gemm_model(fit.x, tokens, shape, peaks), time_s)
-    return GemmFit(float(efficiency), float(memory), float(latency_us) * 1e-6, float(p), residual)
+    x, cost = _gemm_least_squares(tokens, shape, time_s, peaks, 1.0, [5.0, 0.7, 0.8, 2.0])
+    block: tuple[int | None, int | None] = (None, None)
+    if row_blocks:
+        x, block = fit_row_block(tokens, shape, time_s, peaks, (x, cost))
+    passes = weight_passes(tokens, *block)
+    residual = Residual.of(gemm_model(x, tokens, shape, peaks, passes), time_s)
+    latency_us, efficiency, memory, p = (float(v) for v in x)
+    return GemmFit(efficiency, memory, latency_us * 1e-6, p, residual, *block)
+
+
+def row_block_candidates(tokens: np.ndarray) -> list[tuple[int, int | None]]:
+    """(row block, most passes) candidates, one per distinct pattern of passes at ``tokens``
+    (the first of each), every one with more than one pass somewhere."""
+    seen: dict[tuple, tuple[int, int | None]] = {}
+    unique = np.unique(tokens)
+    for block in ROW_BLOCKS:
+        for limit in MAX_PASSES:
+            pattern = tuple(weight_passes(unique, block, limit))
+            if max(pattern) > 1 and pattern not in seen:
+                seen[pattern] = (block, limit)
+    return list(seen.values())
+
+
+def fit_row_block(
+    tokens: np.ndarray, shape: tuple[np.ndarray, np.ndarray], time_s: np.ndarray,
+    peaks: tuple[float, float, float], one_pass: tuple[np.ndarray, float],
+) -> tuple[np.ndarray, tuple[int | None, int | None]]:  # fmt: skip
+    """The best (row block, most passes) by the fit's cost, the other parameters refitted for
+    each candidate; one pass (None, None) unless a candidate cuts the one-pass fit's cost
+    below ``ROW_BLOCK_GAIN`` of it (a noisy table must not buy a block it does not need)."""
+    best_x, best_cost = one_pass
+    best: tuple[int | None, int | None] = (None, None)
+    for block, limit in row_block_candidates(tokens):
+        passes = weight_passes(tokens, block, limit)
+        x, cost = _gemm_least_squares(tokens, shape, time_s, peaks, passes, list(one_pass[0]))
+        if cost < best_cost and cost < ROW_BLOCK_GAIN * one_pass[1]:
+            best_x, best_cost, best = x, cost, (block, limit)
+    return best_x, best
 
 
 def fit_kernel(

@@ -58,12 +58,15 @@ def usable_rows(table: pd.DataFrame, tp: int | None = 1) -> pd.DataFrame:
     return rows
 
 
-def fit_ops(table: pd.DataFrame, peaks: tuple[float, float, float]) -> OpsFit:
+def fit_ops(
+    table: pd.DataFrame, peaks: tuple[float, float, float], row_blocks: bool = False
+) -> OpsFit:
     """Fit the GEMM model and one kernel model per kind present in ``table``.
 
     Args:
         table: long-format rows (``sim.cost.optables``), one tensor-parallel degree.
         peaks: (peak FLOP/s, peak memory bytes/s, bytes per element) of the device.
+        row_blocks: also fit the GEMMs' rows per weight pass (``validation.fit.fit_gemm``).
     """
     gemms = table[table.kind == "gemm"]
     if len(gemms) < MIN_POINTS:
@@ -73,6 +76,7 @@ def fit_ops(table: pd.DataFrame, peaks: tuple[float, float, float]) -> OpsFit:
         (gemms.fan_in.to_numpy(), gemms.fan_out.to_numpy()),
         gemms.time_s.to_numpy(),
         peaks,
+        row_blocks,
     )
     kernels = {}
     for kind in KERNEL_KINDS:
@@ -107,6 +111,8 @@ def calibrated_efficiency(fit: OpsFit, base: Efficiency) -> Efficiency:
             "gemm_memory": fit.gemm.memory,
             "gemm_latency": fit.gemm.latency_s,
             "gemm_blend": fit.gemm.blend,
+            "gemm_row_block": fit.gemm.row_block,
+            "gemm_max_passes": fit.gemm.max_passes,
             "layer_overhead": 0.0,
             "kernels": kernels,
         }

@@ -55,13 +55,17 @@ def _kernel_flow(kernel: Kernel) -> str:
 
 SECONDS_KEYS = ("gemm_latency", "attention_latency", "decode_attention_latency", "step_overhead",
                 "sequence_overhead", "layer_overhead")  # fmt: skip
-ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "attention", "attention_extra_keys",
+NULLABLE_KEYS = ("gemm_row_block", "gemm_max_passes")  # null: one pass over the weights
+ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "gemm_row_block", "gemm_max_passes",
+         "attention", "attention_extra_keys",
          "decode_attention", "decode_attention_latency", "attention_latency", "hbm",
          "step_overhead", "sequence_overhead", "layer_overhead")  # fmt: skip
 
 
 def _value(eff: Efficiency, key: str) -> str:
     value = getattr(eff, key)
+    if key in NULLABLE_KEYS and value is None:
+        return "null"
     if key in SECONDS_KEYS:
         return fmt_seconds(value)
     return fmt_number(float("inf") if value is None else value)

@@ -144,9 +144,11 @@ class Kernels(Strict):
 class Efficiency(Strict):
     """Achieved fractions of peak and fixed overheads: the cost model's tunable parameters.
 
-    ``gemm_memory``, ``gemm_latency``, ``gemm_blend``, ``kernels`` and ``attention_latency``
-    (fixed time of one attention kernel call, per layer) are optional calibrated refinements;
-    without them a GEMM is the hard roofline at ``gemm`` and ``hbm`` efficiency.
+    ``gemm_memory``, ``gemm_latency``, ``gemm_blend``, ``gemm_row_block`` (rows per pass over
+    the weights, with at most ``gemm_max_passes`` passes), ``kernels`` and
+    ``attention_latency`` (fixed time of one attention kernel call, per layer) are optional
+    calibrated refinements; without them a GEMM is the hard roofline at ``gemm`` and ``hbm``
+    efficiency, reading its weights once.
 
     The overheads are the serving runtime's host time (vLLM V1 in the GPU profiles): a fixed
     ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step.
@@ -163,12 +165,24 @@ class Efficiency(Strict):
     gemm_memory: float | None = Field(None, gt=0, le=1)
     gemm_latency: KernelSeconds = 0.0
     gemm_blend: float | None = Field(None, ge=1)
+    gemm_row_block: int | None = Field(None, ge=1, le=65536)
+    gemm_max_passes: int | None = Field(None, ge=2, le=65536)
     kernels: Kernels | None = None
     attention_latency: KernelSeconds = 0.0
     attention_extra_keys: int = Field(0, ge=0, le=100_000)
     decode_attention: float | None = Field(None, gt=0, le=1)
     decode_attention_latency: KernelSeconds | None = None
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
+
+    @field_validator("gemm_max_passes")
+    @classmethod
+    def _passes_need_a_row_block(cls, passes: int | None, info: ValidationInfo) -> int | None:
+        if passes is not None and info.data.get("gemm_row_block") is None:
+            raise ValueError(
+                f"{passes} limits the passes over a GEMM's weights, but gemm_row_block is "
+                "null (one pass): expected gemm_row_block too, or gemm_max_passes: null"
+            )
+        return passes
 
 
 class HardwareSpec(Strict):

@@ -101,6 +101,8 @@ class CostParams:
     decode_attention_efficiency: float | None = None
     decode_attention_latency_s: float | None = None
     sequence_overhead_s: float = 0.0
+    gemm_row_block: int | None = None
+    gemm_max_passes: int | None = None
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
@@ -126,6 +128,8 @@ class CostParams:
             decode_attention_efficiency=eff.decode_attention,
             decode_attention_latency_s=eff.decode_attention_latency,
             sequence_overhead_s=eff.sequence_overhead,
+            gemm_row_block=eff.gemm_row_block,
+            gemm_max_passes=eff.gemm_max_passes,
         )
 
     @property
@@ -174,11 +178,22 @@ def gemm_seconds(
     ``latency + blend(compute, memory, p)``; the defaults give ``max(compute, memory)``.
     """
     flops = 2.0 * tokens * fan_in * fan_out
-    traffic = (fan_in * fan_out + tokens * (fan_in + fan_out)) * dtype_bytes
+    weights = fan_in * fan_out * weight_passes(p, tokens)
+    traffic = (weights + tokens * (fan_in + fan_out)) * dtype_bytes
     compute, memory = flops / p.gemm_flops, traffic / p.gemm_bandwidth
     if p.gemm_latency_s == 0.0 and math.isinf(p.gemm_blend):
         return max(compute, memory)
     return p.gemm_latency_s + blend(compute, memory, p.gemm_blend)
+
+
+def weight_passes(p: CostParams, tokens: float) -> int:
+    """How often a GEMM of ``tokens`` rows reads its weights from memory: once, or (a
+    calibrated CPU whose few-row GEMM works through ``gemm_row_block`` rows per pass, as
+    MKL's does) ``ceil(tokens / gemm_row_block)`` times, at most ``gemm_max_passes``."""
+    if p.gemm_row_block is None or tokens <= p.gemm_row_block:
+        return 1
+    passes = math.ceil(tokens / p.gemm_row_block)
+    return passes if p.gemm_max_passes is None else min(passes, p.gemm_max_passes)
 
 
 def kernel_seconds(
