@@ -39,8 +39,11 @@ def _calibrate_device(args: argparse.Namespace) -> int:
     _, fit = calibrate_device(args.device, args.out, args.quick, args.raw, args.base)
     g, att = fit.ops.gemm, fit.attention
     print(f"  peaks: {fit.peak_flops / 1e9:.3g} GFLOP/s, {fit.peak_bandwidth / 1e9:.3g} GB/s")
+    passes = "one pass" if g.row_block is None else f"a pass per {g.row_block} rows"
+    limit = "" if g.max_passes is None else f", at most {g.max_passes}"
     print(
         f"  GEMM: efficiency {g.efficiency:.3f}, memory {g.memory:.3f}, latency {g.latency_s:.2e} s"
+        f"; weights read {passes}{limit}"
     )
     print(f"  attention latency {att.latency_s:.2e} s; step overhead {fit.step_overhead_s:.2e} s")
     print(f"wrote {args.out} (fit residuals: {args.out.with_suffix('.fit.json')})")

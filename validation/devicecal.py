@@ -191,6 +191,8 @@ def fit_summary(fit: DeviceFit, device: str, quick: bool, raw: Path, rows: int) 
         "peak_flops": fit.peak_flops,
         "peak_bandwidth": fit.peak_bandwidth,
         "step_overhead_s": fit.step_overhead_s,
+        "gemm_row_block": fit.ops.gemm.row_block,
+        "gemm_max_passes": fit.ops.gemm.max_passes,
         "residuals": {
             "gemm": residual(fit.ops.gemm.residual),
             "attention": residual(fit.attention.residual),
