@@ -135,7 +135,7 @@ def validate_command(args: argparse.Namespace) -> int:
     from sim.config.loader import load_hardware
     from validation.calibrate import load_base
     from validation.devicecal import DEFAULT_BASE
-    from validation.report import run_validation, write_report
+    from validation.report import run_validation, table_line, write_report
     from validation.scenario import MODES
 
     _check_device(args.device)
@@ -149,8 +149,9 @@ def validate_command(args: argparse.Namespace) -> int:
     hw, _ = load_base(args.profile)
     baseline = load_hardware(args.baseline or DEFAULT_BASE[args.device])
     report, steps = run_validation(
-        hw, args.profile, baseline, args.device, args.quick, args.repeats, modes
-    )
+        hw, args.profile, baseline, args.device, args.quick, args.repeats, modes,
+        raw_measurements(args.profile, args.table),
+    )  # fmt: skip
     for path in write_report(report, steps, args.out):
         print(f"wrote {path}")
     print(
@@ -158,7 +159,19 @@ def validate_command(args: argparse.Namespace) -> int:
         f"(baseline {baseline.name}: {100 * report['baseline']['step_mape']:.1f}%, "
         f"{100 * report['baseline']['e2e_error']:.1f}%)"
     )
+    print(table_line(report))
     return 0
+
+
+def raw_measurements(profile: str, table: Path | None) -> Path | None:
+    """``--table``, else the calibration's ``OUT.measurements.csv`` beside a profile file
+    ``OUT.yaml`` (None where there is none)."""
+    if table is not None:
+        if not table.is_file():
+            raise KvsimError(f"--table {table}: no such file (expected raw measurements, CSV)")
+        return table
+    beside = Path(profile).with_suffix(".measurements.csv")
+    return beside if Path(profile).suffix in (".yaml", ".yml") and beside.is_file() else None
 
 
 def add_validate_command(sub: argparse._SubParsersAction) -> None:
@@ -182,5 +195,11 @@ def add_validate_command(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--baseline",
         help="uncalibrated profile to compare with (default: cpu-host; cuda: h200-sxm)",
+    )
+    parser.add_argument(
+        "--table",
+        type=Path,
+        help="raw measurements for the measured-table cost model reported beside the fitted "
+        "one (default: PROFILE.measurements.csv beside a profile file, where it exists)",
     )
     parser.set_defaults(func=validate_command)

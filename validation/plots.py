@@ -54,6 +54,9 @@ def plot_steps(steps: pd.DataFrame, out: str | Path, report: dict) -> Path:
                     label=f"{mode} (calibrated)")  # fmt: skip
         left.loglog(rows.step_s * 1e3, rows.baseline_s * 1e3, "x", ms=3.5, color=color, alpha=0.5,
                     label=f"{mode} (baseline {report['baseline_profile']})")  # fmt: skip
+        if "table_s" in rows:
+            left.loglog(rows.step_s * 1e3, rows.table_s * 1e3, "+", ms=4, color=color,
+                        label=f"{mode} (measured tables)")  # fmt: skip
         right.plot(rows.step_s.to_numpy() * 1e3, "-", color=color, lw=1.2, label=f"{mode} measured")
         right.plot(
             rows.simulated_s.to_numpy() * 1e3, "--", color=color, lw=1.0, label=f"{mode} simulated"

@@ -10,6 +10,12 @@ step is priced by the simulator's cost model and link model instead.
 Errors: ``step_mape`` = mean over steps of |simulated / measured - 1|; ``e2e_error`` =
 |simulated total / measured total - 1|. The top level pools the steps of every mode and
 takes the worst mode's ``e2e_error``.
+
+Three cost models are compared: the profile's (the fitted roofline), the uncalibrated
+``baseline`` and, under ``table``, the measured-table model (``hardware.cost_model: table``
+on the calibration's raw microbenchmark measurements, ``sim.cost.tables``; the rest of the
+profile, its ``step_overhead`` included, as it is). Where no table can price the model the
+report says why instead.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pandas as pd
 import torch
 
 from sim.config.hardware import HardwareSpec
+from sim.config.loader import validate
 from sim.config.run import RunConfig
 from sim.cost import cost_model_for
 from sim.errors import KvsimError
@@ -126,10 +133,31 @@ def compare(
     return report, simulated
 
 
+def table_profile(
+    hw: HardwareSpec, table: Path | None, config: RunConfig
+) -> tuple[HardwareSpec | None, dict]:
+    """``hw`` with ``cost_model: table`` on the raw measurements ``table``, and the report's
+    note on it; (None, why not) where there is no table or it cannot price ``config``'s model."""
+    if table is None:
+        why = ("no raw measurements: give --table (the OUT.measurements.csv that kvsim "
+               "calibrate --device writes beside OUT.yaml)")  # fmt: skip
+        return None, {"available": False, "reason": why}
+    data = hw.model_dump(mode="json") | {"cost_model": "table", "cost_table": str(table)}
+    try:
+        spec = validate(HardwareSpec, data, str(table))
+        cost = cost_model_for(config.model_copy(update={"hardware": spec}))
+    except KvsimError as exc:
+        return None, {"available": False, "reason": str(exc)}
+    held = cost.table.from_roofline  # type: ignore[attr-defined]  # a TableCostModel
+    return spec, {"available": True, "cost_table": str(table), "from_roofline": held}
+
+
 def compare_mode(
-    config: RunConfig, baseline: HardwareSpec, requests, runs: list[EngineRun], how: str
-) -> tuple[dict, pd.DataFrame]:
-    """One mode's report: the profile and the baseline profile against the measured runs.
+    config: RunConfig, baseline: HardwareSpec, requests, runs: list[EngineRun], how: str,
+    table: HardwareSpec | None = None,
+) -> tuple[dict, pd.DataFrame]:  # fmt: skip
+    """One mode's report: the profile, the baseline profile and (``table``: its profile with
+    ``cost_model: table``) the measured-table model against the measured runs.
 
     ``how``: ``median`` or ``min`` over the runs, per step and of the run totals.
     """
@@ -139,15 +167,22 @@ def compare_mode(
     report, simulated = compare(config, requests, steps, total)
     base_config = config.model_copy(update={"hardware": baseline})
     report["baseline"], base_sim = compare(base_config, requests, steps, total)
+    columns = {"simulated_s": simulated, "baseline_s": base_sim}
+    if table is not None:
+        table_config = config.model_copy(update={"hardware": table})
+        report["table"], columns["table_s"] = compare(table_config, requests, steps, total)
     report["preemptions"] = runs[0].preemptions
-    steps = steps.assign(simulated_s=simulated, baseline_s=base_sim, mode=config.kv.mode)
-    return report, steps
+    return report, steps.assign(**columns, mode=config.kv.mode)
 
 
-def pooled(modes: dict[str, dict], steps: pd.DataFrame, key: str = "simulated_s") -> dict:
-    """Top-level figures over every mode: pooled step errors, the worst mode's e2e error."""
+def pooled(
+    modes: dict[str, dict], steps: pd.DataFrame, key: str = "simulated_s",
+    section: str | None = None,
+) -> dict:  # fmt: skip
+    """Top-level figures over every mode: pooled step errors (column ``key``), the worst
+    mode's e2e error (of each mode's report, or its sub-report ``section``)."""
     ape = np.abs(steps[key] / steps.step_s - 1.0)
-    section = (lambda r: r) if key == "simulated_s" else (lambda r: r["baseline"])
+    part = (lambda r: r) if section is None else (lambda r: r[section])
     by_kind = {}
     masks = step_kinds(steps)
     for kind in KINDS:
@@ -159,18 +194,20 @@ def pooled(modes: dict[str, dict], steps: pd.DataFrame, key: str = "simulated_s"
     return {
         "steps": len(steps),
         "step_mape": float(ape.mean()),
-        "e2e_error": max(section(r)["e2e_error"] for r in modes.values()),
+        "e2e_error": max(part(r)["e2e_error"] for r in modes.values()),
         "by_kind": by_kind,
     }
 
 
 def run_validation(
     hw: HardwareSpec, profile: str, baseline: HardwareSpec, device: str, quick: bool,
-    repeats: int, modes: tuple[str, ...],
+    repeats: int, modes: tuple[str, ...], table: Path | None = None,
 ) -> tuple[dict, pd.DataFrame]:  # fmt: skip
-    """The whole report (as a dict) and every measured step with its simulated time."""
+    """The whole report (as a dict) and every measured step with its simulated times
+    (``table``: raw measurements for the measured-table model, :func:`table_profile`)."""
     pin_threads(device)
     configs = {mode: scenario_config(hw, "validate", device, mode, quick) for mode in modes}
+    table_hw, table_note = table_profile(hw, table, configs[modes[0]])
     bt = next(iter(configs.values())).engine.block_tokens
     requests = build_requests(configs[modes[0]].workload, configs[modes[0]].seed, block_tokens=bt)
     runs: dict[str, list[EngineRun]] = {mode: [] for mode in modes}
@@ -182,7 +219,7 @@ def run_validation(
     per_mode, frames = {}, []
     for mode in modes:
         per_mode[mode], steps = compare_mode(
-            configs[mode], baseline, requests, runs[mode], statistic(device)
+            configs[mode], baseline, requests, runs[mode], statistic(device), table_hw
         )
         frames.append(steps)
     steps = pd.concat(frames, ignore_index=True)
@@ -198,7 +235,8 @@ def run_validation(
         "repeats": repeats,
         "statistic": statistic(device),
         **pooled(per_mode, steps),
-        "baseline": pooled(per_mode, steps, "baseline_s"),
+        "baseline": pooled(per_mode, steps, "baseline_s", "baseline"),
+        "table": table_note | (pooled(per_mode, steps, "table_s", "table") if table_hw else {}),
         "modes": per_mode,
     }
     return report, steps
@@ -216,9 +254,55 @@ def write_report(report: dict, steps: pd.DataFrame, out: Path) -> list[Path]:
     return [out / name for name in ("report.json", "steps.csv", "steps.png", "summary.md")]
 
 
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _columns(report: dict) -> list[tuple[str, str]]:
+    """(label, sub-report) of each cost model in the report: fitted, table (if any), baseline."""
+    table = [("table", "table")] if report.get("table", {}).get("available") else []
+    return [("", ""), *table, ("baseline", "baseline")]
+
+
+def _mode_lines(report: dict) -> list[str]:
+    cols = _columns(report)
+    names = " | ".join(f"{label} step MAPE | {label} e2e error".strip() for label, _ in cols)
+    names = names.replace("|  e2e", "| e2e")
+    lines = [f"| mode | steps | pairing | {names} |", "|---" * (3 + 2 * len(cols)) + "|"]
+    for mode, r in report["modes"].items():
+        parts = [r[key] if key else r for _, key in cols]
+        cells = " | ".join(f"{_pct(p['step_mape'])} | {_pct(p['e2e_error'])}" for p in parts)
+        lines.append(f"| {mode} | {r['steps']} | {r['pairing']} | {cells} |")
+    return lines
+
+
+def _kind_lines(report: dict) -> list[str]:
+    cols = _columns(report)
+    names = " | ".join(f"{label} step MAPE".strip() for label, _ in cols)
+    lines = [f"| kind of step | steps | {names} |", "|---" * (2 + len(cols)) + "|"]
+    for kind, r in report["by_kind"].items():
+        parts = [report[key]["by_kind"][kind] if key else r for _, key in cols]
+        cells = " | ".join(_pct(p["step_mape"]) for p in parts)
+        lines.append(f"| {kind} | {r['steps']} | {cells} |")
+    return lines
+
+
+def table_line(report: dict) -> str:
+    """One sentence on the measured-table model: its figures, or why it is not reported."""
+    table = report.get("table", {"available": False, "reason": "not run"})
+    if not table.get("available"):
+        return f"Measured-table cost model: not reported: {table['reason']}"
+    held = table["from_roofline"]
+    rest = f"; from the profile's roofline: {', '.join(held)}" if held else ""
+    return (
+        f"Measured-table cost model (`cost_model: table` on `{table['cost_table']}`{rest}; "
+        f"the profile's step_overhead): step MAPE {_pct(table['step_mape'])}, "
+        f"e2e error {_pct(table['e2e_error'])}."
+    )
+
+
 def summary_markdown(report: dict) -> str:
     """A short human summary of the report."""
-    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
     lines = [
         f"# Validation on {report['device_name']} ({report['device']})",
         "",
@@ -226,24 +310,14 @@ def summary_markdown(report: dict) -> str:
         f"{report['threads']} thread(s), {report['repeats']} timed runs per mode, "
         f"{'quick' if report['quick'] else 'full'} workload), {report['date']}.",
         "",
-        "| mode | steps | pairing | step MAPE | e2e error | baseline step MAPE "
-        "| baseline e2e error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for mode, r in report["modes"].items():
-        b = r["baseline"]
-        lines.append(
-            f"| {mode} | {r['steps']} | {r['pairing']} | {pct(r['step_mape'])} | "
-            f"{pct(r['e2e_error'])} | {pct(b['step_mape'])} | {pct(b['e2e_error'])} |"
-        )
-    lines += ["", "| kind of step | steps | step MAPE | baseline step MAPE |", "|---|---|---|---|"]
-    for kind, r in report["by_kind"].items():
-        base = report["baseline"]["by_kind"][kind]["step_mape"]
-        lines.append(f"| {kind} | {r['steps']} | {pct(r['step_mape'])} | {pct(base)} |")
-    lines += [
+        *_mode_lines(report),
         "",
-        f"Overall: step MAPE {pct(report['step_mape'])}, e2e error {pct(report['e2e_error'])} "
-        f"(baseline `{report['baseline_profile']}`: {pct(report['baseline']['step_mape'])}, "
-        f"{pct(report['baseline']['e2e_error'])}).",
+        *_kind_lines(report),
+        "",
+        f"Overall: step MAPE {_pct(report['step_mape'])}, e2e error {_pct(report['e2e_error'])} "
+        f"(baseline `{report['baseline_profile']}`: {_pct(report['baseline']['step_mape'])}, "
+        f"{_pct(report['baseline']['e2e_error'])}).",
+        "",
+        table_line(report),
     ]
     return "\n".join(lines) + "\n"
