@@ -260,14 +260,13 @@ def _pct(value: float) -> str:
 
 def _columns(report: dict) -> list[tuple[str, str]]:
     """(label, sub-report) of each cost model in the report: fitted, table (if any), baseline."""
-    table = [("table", "table")] if report.get("table", {}).get("available") else []
-    return [("", ""), *table, ("baseline", "baseline")]
+    table = [("table ", "table")] if report.get("table", {}).get("available") else []
+    return [("", ""), *table, ("baseline ", "baseline")]
 
 
 def _mode_lines(report: dict) -> list[str]:
     cols = _columns(report)
-    names = " | ".join(f"{label} step MAPE | {label} e2e error".strip() for label, _ in cols)
-    names = names.replace("|  e2e", "| e2e")
+    names = " | ".join(f"{label}step MAPE | {label}e2e error" for label, _ in cols)
     lines = [f"| mode | steps | pairing | {names} |", "|---" * (3 + 2 * len(cols)) + "|"]
     for mode, r in report["modes"].items():
         parts = [r[key] if key else r for _, key in cols]
@@ -278,7 +277,7 @@ def _mode_lines(report: dict) -> list[str]:
 
 def _kind_lines(report: dict) -> list[str]:
     cols = _columns(report)
-    names = " | ".join(f"{label} step MAPE".strip() for label, _ in cols)
+    names = " | ".join(f"{label}step MAPE" for label, _ in cols)
     lines = [f"| kind of step | steps | {names} |", "|---" * (2 + len(cols)) + "|"]
     for kind, r in report["by_kind"].items():
         parts = [report[key]["by_kind"][kind] if key else r for _, key in cols]
