@@ -133,6 +133,20 @@ def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
             "unknown KV modes ['swap']",
         ),
         (["validate", "--device", "cpu", "--profile", "nope", "--out", "r"], "neither a YAML file"),
+        (
+            [
+                "validate",
+                "--device",
+                "cpu",
+                "--profile",
+                "cpu-host",
+                "--out",
+                "r",
+                "--table",
+                "t.csv",
+            ],
+            "--table t.csv: no such file",
+        ),
     ],
 )
 def test_command_errors_are_one_line(tmp_path, capsys, monkeypatch, args, message):
