@@ -142,7 +142,7 @@ def table_profile(
         why = ("no raw measurements: give --table (the OUT.measurements.csv that kvsim "
                "calibrate --device writes beside OUT.yaml)")  # fmt: skip
         return None, {"available": False, "reason": why}
-    data = hw.model_dump(mode="json") | {"cost_model": "table", "cost_table": str(table)}
+    data = dict(hw.model_dump(mode="json"), cost_model="table", cost_table=str(table))
     try:
         spec = validate(HardwareSpec, data, str(table))
         cost = cost_model_for(config.model_copy(update={"hardware": spec}))
@@ -167,12 +167,13 @@ def compare_mode(
     report, simulated = compare(config, requests, steps, total)
     base_config = config.model_copy(update={"hardware": baseline})
     report["baseline"], base_sim = compare(base_config, requests, steps, total)
-    columns = {"simulated_s": simulated, "baseline_s": base_sim}
+    steps = steps.assign(simulated_s=simulated, baseline_s=base_sim, mode=config.kv.mode)
     if table is not None:
         table_config = config.model_copy(update={"hardware": table})
-        report["table"], columns["table_s"] = compare(table_config, requests, steps, total)
+        report["table"], table_sim = compare(table_config, requests, steps, total)
+        steps = steps.assign(table_s=table_sim)
     report["preemptions"] = runs[0].preemptions
-    return report, steps.assign(**columns, mode=config.kv.mode)
+    return report, steps
 
 
 def pooled(
