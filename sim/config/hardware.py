@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sim.config.base import (
     Bandwidth,
@@ -15,6 +15,8 @@ from sim.config.base import (
     Strict,
     plausible,
 )
+from sim.config.errors import KeyedValueError
+from sim.units import format_bytes
 
 Rate = Annotated[FlopRate, plausible("compute rate")]
 LinkBandwidth = Annotated[Bandwidth, plausible("host link bandwidth")]
@@ -27,11 +29,29 @@ InterconnectKind = Literal[
 
 
 class Hbm(Strict):
-    """Device memory: capacity, peak bandwidth, and what the runtime keeps for itself."""
+    """Device memory: capacity, peak bandwidth, and what the driver and runtime keep.
+
+    ``capacity``: the total nvidia-smi reports; ``driver_reserve``: the part of it torch does
+    not see (``capacity - torch.cuda.mem_get_info()[1]``); ``runtime_reserve``: memory outside
+    torch's allocator inside vLLM's budget (its profiled ``non_torch_memory``: cuBLAS
+    workspaces, NCCL buffers; docs/cost-model.md).
+    """
 
     capacity: Annotated[PositiveBytes, plausible("device memory capacity")]
     bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
     runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
+    driver_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
+
+    @model_validator(mode="after")
+    def _reserve_below_capacity(self) -> Hbm:
+        if self.driver_reserve >= self.capacity:
+            raise KeyedValueError(
+                "driver_reserve",
+                f"driver_reserve {format_bytes(self.driver_reserve)} is not below capacity "
+                f"{format_bytes(self.capacity)}: expected the part of capacity torch does not "
+                "see",
+            )
+        return self
 
 
 class Compute(Strict):

@@ -99,6 +99,17 @@ class TierPolicy(Strict):
     eviction: PolicySpec | None = None
 
 
+class HbmTier(TierPolicy):
+    """HBM's overrides: its eviction policy and, in ``dram_centric``, the size of its cache."""
+
+    capacity: Annotated[Bytes, plausible("HBM cache for KV")] | Literal["auto"] = Field(
+        "auto",
+        description="dram_centric only: HBM bytes per GPU that cache KV blocks (0: stream "
+        "every block every step, cache none; auto: all the HBM left after weights, reserve "
+        "and the step's activations)",
+    )
+
+
 class KvConfig(Strict):
     """Where KV lives: ``hbm`` (PagedAttention), ``offload`` or ``dram_centric``."""
 
@@ -115,7 +126,7 @@ class KvConfig(Strict):
     prefix_caching: bool = True
     eviction: PolicySpec = "lru"
     prefetch: PrefetchSpec = "none"
-    hbm: TierPolicy = TierPolicy()
+    hbm: HbmTier = HbmTier()
     dram: TierPolicy = TierPolicy()
     ssd: TierPolicy = TierPolicy()
 
@@ -132,6 +143,17 @@ class KvConfig(Strict):
     def _direct_read_needs_dram_centric(self) -> KvConfig:
         if self.direct_read and self.mode != "dram_centric":
             raise KeyedValueError("direct_read", "direct_read: true needs mode: dram_centric")
+        return self
+
+    @model_validator(mode="after")
+    def _hbm_cache_needs_dram_centric(self) -> KvConfig:
+        if self.hbm.capacity != "auto" and self.mode != "dram_centric":
+            raise KeyedValueError(
+                "hbm.capacity",
+                f"hbm.capacity sizes dram_centric's HBM cache; in mode {self.mode} HBM holds "
+                "the KV pool, sized by the memory plan (engine.gpu_memory_utilization, "
+                "engine.kv_pool_blocks): expected auto, or mode dram_centric",
+            )
         return self
 
     @model_validator(mode="after")
