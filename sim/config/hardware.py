@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from sim.config.base import (
     Bandwidth,
@@ -15,8 +15,6 @@ from sim.config.base import (
     Strict,
     plausible,
 )
-from sim.config.errors import KeyedValueError
-from sim.units import format_bytes
 
 Rate = Annotated[FlopRate, plausible("compute rate")]
 LinkBandwidth = Annotated[Bandwidth, plausible("host link bandwidth")]
@@ -41,17 +39,6 @@ class Hbm(Strict):
     bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
     runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
     driver_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
-
-    @model_validator(mode="after")
-    def _reserve_below_capacity(self) -> Hbm:
-        if self.driver_reserve >= self.capacity:
-            raise KeyedValueError(
-                "driver_reserve",
-                f"driver_reserve {format_bytes(self.driver_reserve)} is not below capacity "
-                f"{format_bytes(self.capacity)}: expected the part of capacity torch does not "
-                "see",
-            )
-        return self
 
 
 class Compute(Strict):

@@ -126,7 +126,8 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
             "engine.tensor_parallel_size, or fewer engine.max_batched_tokens",
             key=plan.pool_key(config),
         )
-    _check_max_model_len(config, plan)
+    if engine.kv_pool_blocks is None:  # (a pool set in blocks is a what-if: no check)
+        _check_max_model_len(config, plan)
     _check_hbm_cache(config, plan)
     return plan
 
@@ -158,7 +159,7 @@ def _check_max_model_len(config: RunConfig, plan: HbmPlan) -> None:
         f"{format_bytes(missing)} missing, as vLLM refuses it; expected engine.max_model_len "
         f"at most {plan.pool_blocks * bt}, or a larger engine.gpu_memory_utilization, HBM or "
         "engine.tensor_parallel_size, or a smaller model or dtype",
-        key="engine.max_model_len",
+        key="engine.max_model_len" if set_by_run(config, key) else plan.pool_key(config),
     )
 
 
