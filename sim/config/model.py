@@ -68,7 +68,11 @@ class ModelSpec(Strict):
     params: float | None = Field(None, gt=0)
     sliding_window: int | None = Field(None, gt=0)
     context_length: int | None = Field(
-        None, gt=0, description="max_position_embeddings: vLLM's max_model_len by default"
+        None,
+        gt=0,
+        description="the checkpoint's max_position_embeddings: vLLM's default max_model_len; "
+        "start-up refuses a KV pool that cannot hold one such sequence unless "
+        "`engine.max_model_len` is given (null: no check)",
     )
     moe: Moe | None = None
     mla: Mla | None = None
