@@ -140,10 +140,10 @@ def test_invariants_hold_with_prefetch_on(
 
 def test_queue_lookahead_lowers_ttft_when_requests_queue():
     requests = shared_documents(n=150, docs=16, doc_tokens=8192, rate=10.0)
-    base = make_config("hardware.hbm.capacity=24GiB", kv={"mode": "offload"})
-    ahead = make_config(
-        "hardware.hbm.capacity=24GiB", kv={"mode": "offload", "prefetch": "queue_lookahead"}
-    )
+    # a 4.19 GiB pool: 0.9 x 23.93 GiB - 14.96 GiB weights - 2 GiB - 0.39 GiB activations
+    hbm = "hardware.hbm.capacity=23.93GiB"
+    base = make_config(hbm, kv={"mode": "offload"})
+    ahead = make_config(hbm, kv={"mode": "offload", "prefetch": "queue_lookahead"})
     none, pf = simulate(base, requests).summary, simulate(ahead, requests).summary
     assert pf["prefetch_hits"] > 0
     assert pf["ttft_p50_s"] < none["ttft_p50_s"]
