@@ -159,7 +159,7 @@ def _check_max_model_len(config: RunConfig, plan: HbmPlan) -> None:
         f"{format_bytes(missing)} missing, as vLLM refuses it; expected engine.max_model_len "
         f"at most {plan.pool_blocks * bt}, or a larger engine.gpu_memory_utilization, HBM or "
         "engine.tensor_parallel_size, or a smaller model or dtype",
-        key="engine.max_model_len" if set_by_run(config, key) else plan.pool_key(config),
+        key=key if set_by_run(config, key) else plan.pool_key(config),
     )
 
 
@@ -200,7 +200,9 @@ def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
         f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: the model "
         f"weights {format_bytes(plan.weights)} per GPU alone exceed "
         f"engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g} x "
-        f"hardware.hbm.capacity {format_bytes(hw.hbm.capacity)} ({format_bytes(plan.usable)}); "
+        f"torch-visible HBM {format_bytes(plan.capacity)} (hardware.hbm.capacity "
+        f"{format_bytes(hw.hbm.capacity)} - hardware.hbm.driver_reserve "
+        f"{format_bytes(hw.hbm.driver_reserve)}) = {format_bytes(plan.usable)}; "
         "expected a larger HBM, a larger engine.tensor_parallel_size or a smaller dtype",
         key=key,
     )
