@@ -208,3 +208,15 @@ def test_an_hbm_cache_size_is_refused_outside_dram_centric_and_above_the_room():
     c = dram_centric("80GiB")
     with pytest.raises(ConfigError, match=r"key 'kv\.hbm\.capacity'.*expected at most"):
         plan_hbm(c, cost_model_for(c))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("lots", "expected a size such as '16GiB'"), ("-1GiB", "a size of 0 or more"),
+     ("80", "did you mean 80GiB")],
+)  # fmt: skip
+def test_a_bad_hbm_cache_size_is_one_error_naming_the_key(value, expected):
+    with pytest.raises(ConfigError) as info:
+        build_config(dram_centric(0).model_dump(mode="json"), "<t>", [f"kv.hbm.capacity={value}"])
+    text = str(info.value)
+    assert text.count("key '") == 1 and "key 'kv.hbm.capacity'" in text and expected in text
