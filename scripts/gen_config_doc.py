@@ -50,7 +50,7 @@ UNIONS = {  # title of a reused choice of sections, by its first member's class 
 }
 TITLES = {
     "Kernel": "hardware.efficiency.kernels.*",
-    "TierPolicy": "kv.hbm / kv.dram / kv.ssd",
+    "TierPolicy": "kv.dram / kv.ssd",
     "RoleRouters": "cluster.router: a router per role",
 }
 HEADER = """# Configuration reference

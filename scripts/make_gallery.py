@@ -65,9 +65,9 @@ def seed_study(runs: Path, img: Path, workers: int) -> None:
           "--out", img / "seed-study-tpot.png")  # fmt: skip
     kvsim("plot", r, "--kind", "hbm-pressure", "--where", "hardware=h100-sxm", "--where",
           "model=llama-3-8b", *big, "--out", img / "seed-study-hbm-pressure.png")  # fmt: skip
-    kvsim("plot", r, "--kind", "hbm-pressure", "--where", "hardware=h100-sxm", "--where",
+    kvsim("plot", r, "--kind", "hbm-pressure", "--where", "hardware=h200-sxm", "--where",
           "model=llama-3-70b", *big, "--out", img / "seed-study-hbm-pressure-70b.png")  # fmt: skip
-    kvsim("plot", r, "--kind", "link", "--where", "hardware=h100-sxm", "--where",
+    kvsim("plot", r, "--kind", "link", "--where", "hardware=h200-sxm", "--where",
           "model=llama-3-70b", *big, "--where", "kv.mode=dram_centric",
           "--out", img / "seed-study-link.png")  # fmt: skip
 

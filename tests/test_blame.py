@@ -63,10 +63,11 @@ def test_a_pool_set_in_blocks_blames_kv_pool_blocks(tmp_path, capsys):
 
 def test_a_small_hbm_blames_hardware_hbm_capacity(tmp_path, capsys):
     # 0.9 x 19.2 GiB = 17.28 GiB less 14.96 GiB of weights and 2 GiB reserve: ~0.3 GiB
-    # (well under 129 blocks) less activations
+    # (well under 129 blocks) less activations (BASE: no driver reserve)
     err = run_error(tmp_path, capsys, "hardware.hbm.capacity=19.2GiB", kv={"mode": "offload"})
     assert "key 'hardware.hbm.capacity'" in err
-    assert "engine.gpu_memory_utilization 0.9 x hardware.hbm.capacity 19.20 GiB" in err
+    assert "engine.gpu_memory_utilization 0.9 x torch-visible HBM 19.20 GiB" in err
+    assert "(hardware.hbm.capacity 19.20 GiB - hardware.hbm.driver_reserve 0" in err
     assert "model weights 14.96 GiB - hardware.hbm.runtime_reserve 2.00 GiB" in err
 
 

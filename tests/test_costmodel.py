@@ -62,7 +62,13 @@ def test_activation_bytes_grow_linearly_with_tokens(cost_params, tiny_model):
     cost = CostModel(tiny_model, cost_params)
     a1, a2 = cost.activation_bytes(1000, 0), cost.activation_bytes(2000, 0)
     assert a2 == pytest.approx(2 * a1)
-    assert cost.activation_bytes(0, 10) == 10 * 32000 * 4 * 2  # fp32 logits + probabilities
+    # the sampler alone: 10 sequences x 32000 logits x 39.2 B (fp32 logits, probabilities,
+    # log-probabilities, sort values and int64 indices, bf16 logits: docs/cost-model.md)
+    assert cost.activation_bytes(0, 10) == pytest.approx(10 * 32000 * 39.2)
+    # beside 100 tokens of forward output (100 x 1024 x 2 B), or the forward's own peak
+    forward = 1000 * 2 * (2 * 1024 + 3 * 4096)
+    assert cost.activation_bytes(100, 10) == pytest.approx(100 * 1024 * 2 + 10 * 32000 * 39.2)
+    assert cost.activation_bytes(1000, 1) == pytest.approx(forward)
 
 
 def test_prefill_with_a_cached_prefix_computes_only_the_rest(cost_params, tiny_model):

@@ -134,7 +134,7 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     profile = draw(st.sampled_from(["h100-sxm", "gh200"]))
     # NOTE: HBM of a few tens of MiB beside the 19 MiB tiny model: pools of 30-600 blocks
     hbm = {"capacity": draw(st.sampled_from(["24MiB", "28MiB", "32MiB", "40MiB", "80GiB"])),
-           "runtime_reserve": 0}  # fmt: skip
+           "runtime_reserve": 0, "driver_reserve": 0}  # fmt: skip
     hardware = {"profile": profile, "hbm": hbm}
     kv["direct_read"] = mode == "dram_centric" and profile == "gh200" and draw(st.booleans())
     kv["dram_dtype"] = draw(st.sampled_from([None, "fp8"]))  # compressed lower tiers
@@ -177,7 +177,8 @@ def stressed(mode: str, **engine: Any) -> dict[str, Any]:
     return {
         "seed": 0,
         "model": SMALL_MODEL,
-        "hardware": {"profile": "h100-sxm", "hbm": {"capacity": "24MiB", "runtime_reserve": 0}},
+        "hardware": {"profile": "h100-sxm", "hbm": {"capacity": "24MiB", "runtime_reserve": 0,
+                                                          "driver_reserve": 0}},
         "workload": {"kind": "synthetic", "num_requests": 16, "arrival": {"kind": "all_at_once"},
                      "prompt_tokens": 400, "output_tokens": 32, "shared_prefix_tokens": 256},
         "engine": {"max_num_seqs": 16, "max_batched_tokens": 256, "gpu_memory_utilization": 1.0,

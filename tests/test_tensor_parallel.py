@@ -66,7 +66,9 @@ def test_llama_3_70b_weights_per_gpu_are_the_nth_part_plus_replicated_norms(n):
 
 def test_llama_3_70b_at_tp_2_runs_with_little_kv_room():
     p = plan(2)
-    assert 0 < p.kv_pool < 4 * GB  # two H100s keep ~3 GB per GPU for KV beside 70.6 GB
+    # 0.9 x 79.22 GiB torch-visible = 76.56 GB, less 70.56 GB of weights, 0.17 GB of non-torch
+    # memory and 1.42 GB of activations: two H100s keep ~4.4 GB per GPU for KV
+    assert 4 * GB < p.kv_pool < 4.5 * GB
     result = simulate(config(2, kv={"mode": "dram_centric"}))
     assert result.summary["requests_finished"] == 4
     assert result.summary["tensor_parallel_size"] == 2 and result.summary["gpus"] == 2
@@ -203,7 +205,8 @@ def tp4_capacity() -> float:
     blocks miss, so both stream the same KV, over 4 links instead of 2."""
     two, four = plan(2), plan(4)
     room = [p.usable - p.weights - p.runtime_reserve - p.activation_peak for p in (two, four)]
-    return four.capacity - (room[1] - room[0] / 2) / 0.9  # half the room per GPU: same whole
+    hidden = config(4).hardware.hbm.driver_reserve  # the plan's capacity is what torch sees
+    return four.capacity + hidden - (room[1] - room[0] / 2) / 0.9  # half the room per GPU
 
 
 def decode_steps(result) -> pd.DataFrame:

@@ -84,30 +84,36 @@ FIT_PROVENANCE = (
         "(`kvsim calibrate --comm`)",
     ),
     (
-        "`efficiency.attention` (prefill flash attention)",
-        "all",
-        "estimate (est.) 0.5-0.55; no measured fraction, no fit",
+        "`efficiency.attention`, `efficiency.attention_extra_keys` (prefill flash attention)",
+        "h100-sxm (h100-pcie, h200-sxm, gh200, a100-80g-sxm carry the fraction)",
+        "FlashAttention-3 paper (arXiv:2407.08608) Fig. 5, causal, head dim 128, H100 SXM "
+        "(validation/data/attention_kernels.csv, `python -m validation.attentionfit`)",
     ),
     (
-        "`efficiency.hbm` (decode attention's KV reads)",
-        "all",
-        "estimated from STREAM-like bandwidth measurements (hardware-figures.md [M8]; H100 SXM "
-        "and H200 from neighbouring parts); not fitted to attention kernels",
+        "`efficiency.decode_attention`, `efficiency.decode_attention_latency` (paged decode)",
+        "h100-sxm (as above)",
+        "FlashAttention-2 paged batch-decode benchmark on H100 SXM, microsoft/onnxruntime "
+        "PR #21414 (same CSV and fit)",
     ),
     (
-        "`efficiency.step_overhead`",
+        "`efficiency.step_overhead`, `efficiency.sequence_overhead` (vLLM V1 host costs)",
         "all",
-        "estimate (est.): 3 ms (Hopper), 4 ms (A100) per engine step; no fit",
+        "estimates from profiler traces in vLLM issues (#11133 step gaps, #6913 scheduling and "
+        "output processing, #46112 per-sequence update); not fitted",
     ),
     (
-        "host link (`link.h2d`, `link.d2h`, `link.latency`: DRAM loads)",
-        "all",
-        "nvbandwidth copy-engine measurements (hardware-figures.md [M3]); latency estimated",
+        "host copies (`link.h2d`, `link.d2h`, `link.half_efficiency_bytes`, "
+        "`link.chunk_blend`, `link.load_overhead`)",
+        "h100-sxm, h100-pcie (others carry the per-chunk cost over)",
+        "nvbandwidth copy-engine plateau (hardware-figures.md [M3]) and the cuMemcpyBatchAsync "
+        "chunk microbenchmark of vLLM PR #48434 (validation/data/host_copy_bandwidth.csv, "
+        "`python -m validation.copyfit`); the per-load cost is an estimate",
     ),
     (
-        "`hbm.runtime_reserve`",
-        "all",
-        "estimate from vLLM's logged memory use (vllm-project/vllm#27508) and CUDA context sizes",
+        "`hbm.driver_reserve`, `hbm.runtime_reserve`, the sampler's bytes per logit",
+        "all (h100-sxm fitted; others estimated or carried)",
+        "vLLM's logged memory profiles, vllm-project/vllm#10511 and #12126 (fit only: never "
+        "test rows); A100's torch-visible total from a logged mem_get_info",
     ),
 )
 

@@ -101,6 +101,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     Plausible("runtime reserve", BYTES, 1 * MiB, 1 * TiB, 2 * GiB),
     Plausible("host memory capacity", BYTES, 1 * MiB, 64 * TiB, 256 * GiB),
     Plausible("storage capacity", BYTES, 1 * MiB, 1 * PiB, 4 * TiB),
+    Plausible("HBM cache for KV", BYTES, 64 * KiB, 16 * TiB, 16 * GiB),
     Plausible("DRAM budget for KV", BYTES, 64 * KiB, 64 * TiB, 256 * GiB),
     Plausible("SSD budget for KV", BYTES, 64 * KiB, 1 * PiB, 4 * TiB),
     Plausible("half-efficiency copy size", BYTES, 0.0, 16 * GiB, 64 * KiB),

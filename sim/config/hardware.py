@@ -27,11 +27,18 @@ InterconnectKind = Literal[
 
 
 class Hbm(Strict):
-    """Device memory: capacity, peak bandwidth, and what the runtime keeps for itself."""
+    """Device memory: capacity, peak bandwidth, and what the driver and runtime keep.
+
+    ``capacity``: the total nvidia-smi reports; ``driver_reserve``: the part of it torch does
+    not see (``capacity - torch.cuda.mem_get_info()[1]``); ``runtime_reserve``: memory outside
+    torch's allocator inside vLLM's budget (its profiled ``non_torch_memory``: cuBLAS
+    workspaces, NCCL buffers; docs/cost-model.md).
+    """
 
     capacity: Annotated[PositiveBytes, plausible("device memory capacity")]
     bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
     runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
+    driver_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
 
 
 class Compute(Strict):

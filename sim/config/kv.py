@@ -6,9 +6,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from sim.config.base import Bytes, Strict, plausible
+from sim.config.base import PLAUSIBLE, Bytes, Strict, plausible
 from sim.config.errors import KeyedValueError
 from sim.config.model import Dtype
+from sim.units import BYTES
 
 KV_MODES = ("hbm", "offload", "dram_centric")
 LOOKAHEAD_REQUESTS = 8  # waiting requests whose prefix blocks scheduler-aware eviction spares
@@ -99,6 +100,32 @@ class TierPolicy(Strict):
     eviction: PolicySpec | None = None
 
 
+def _hbm_cache_size(value: Any) -> float | str:
+    """``auto``, or a size of 0 or more in the plausible range of an HBM cache (one error)."""
+    if value == "auto":
+        return value
+    try:
+        number = BYTES.parse(value)
+    except ValueError:
+        raise ValueError(
+            f"got {value!r}: expected a size such as '16GiB' (0: cache nothing), or auto"
+        ) from None
+    if number < 0:
+        raise ValueError(f"got {value!r}: expected a size of 0 or more, or auto")
+    return PLAUSIBLE["HBM cache for KV"].check(value, lambda _: number)
+
+
+class HbmTier(TierPolicy):
+    """HBM's overrides: its eviction policy and, in ``dram_centric``, the size of its cache."""
+
+    capacity: Annotated[float | Literal["auto"], BeforeValidator(_hbm_cache_size)] = Field(
+        "auto",
+        description="dram_centric only: HBM bytes per GPU that cache KV blocks, a size such as "
+        "`16GiB` (0: stream every block every step, cache none; auto: all the HBM left after "
+        "weights, reserve and the step's activations)",
+    )
+
+
 class KvConfig(Strict):
     """Where KV lives: ``hbm`` (PagedAttention), ``offload`` or ``dram_centric``."""
 
@@ -115,7 +142,7 @@ class KvConfig(Strict):
     prefix_caching: bool = True
     eviction: PolicySpec = "lru"
     prefetch: PrefetchSpec = "none"
-    hbm: TierPolicy = TierPolicy()
+    hbm: HbmTier = HbmTier()
     dram: TierPolicy = TierPolicy()
     ssd: TierPolicy = TierPolicy()
 
@@ -132,6 +159,17 @@ class KvConfig(Strict):
     def _direct_read_needs_dram_centric(self) -> KvConfig:
         if self.direct_read and self.mode != "dram_centric":
             raise KeyedValueError("direct_read", "direct_read: true needs mode: dram_centric")
+        return self
+
+    @model_validator(mode="after")
+    def _hbm_cache_needs_dram_centric(self) -> KvConfig:
+        if self.hbm.capacity != "auto" and self.mode != "dram_centric":
+            raise KeyedValueError(
+                "hbm.capacity",
+                f"hbm.capacity sizes dram_centric's HBM cache; in mode {self.mode} HBM holds "
+                "the KV pool, sized by the memory plan (engine.gpu_memory_utilization, "
+                "engine.kv_pool_blocks): expected auto, or mode dram_centric",
+            )
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,22 @@ from sim.config.base import DTYPE_BYTES, Strict
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 PARAMS_TOLERANCE = 0.10
+WIDE_DTYPE = "bf16"  # what quantised checkpoints keep wide, and compute in
+
+
+class Weights(Strict):
+    """Dtypes of the tensor classes a checkpoint stores apart from its linear layers.
+
+    ``None`` (the default): the model's compute dtype (:attr:`ModelSpec.compute_dtype`): bf16
+    for an fp8/int8/int4 checkpoint, which keeps its embedding, LM head, norms and MoE router
+    wide (RedHatAI/Meta-Llama-3-70B-Instruct-FP8 quantises only the linear layers of the
+    decoder blocks and ignores ``lm_head``; docs/cost-model.md), else ``model.dtype``.
+    """
+
+    embedding: Dtype | None = None
+    lm_head: Dtype | None = None
+    norms: Dtype | None = None
+    router: Dtype | None = None
 
 
 class Moe(Strict):
@@ -46,10 +62,18 @@ class ModelSpec(Strict):
     intermediate: int = Field(gt=0)
     vocab: int = Field(gt=0)
     dtype: Dtype = "bf16"
+    weights: Weights = Weights()
     gated_mlp: bool = True
     tie_embeddings: bool = False
     params: float | None = Field(None, gt=0)
     sliding_window: int | None = Field(None, gt=0)
+    context_length: int | None = Field(
+        None,
+        gt=0,
+        description="the checkpoint's max_position_embeddings: vLLM's default max_model_len; "
+        "start-up refuses a KV pool that cannot hold one such sequence unless "
+        "`engine.max_model_len` is given (null: no check)",
+    )
     moe: Moe | None = None
     mla: Mla | None = None
 
@@ -76,8 +100,25 @@ class ModelSpec(Strict):
 
     @property
     def dtype_bytes(self) -> float:
-        """Bytes per weight and activation element."""
+        """Bytes per weight of the linear layers (attention projections, MLPs, experts)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype of activations, of the wide tensor classes and (vLLM's ``kv_cache_dtype:
+        auto``) of KV: ``model.dtype`` where it has 2 bytes or more, else bf16 (a quantised
+        checkpoint's ``torch_dtype``)."""
+        return self.dtype if DTYPE_BYTES[self.dtype] >= 2 else WIDE_DTYPE
+
+    @property
+    def act_bytes(self) -> float:
+        """Bytes per activation element (:attr:`compute_dtype`)."""
+        return DTYPE_BYTES[self.compute_dtype]
+
+    def class_bytes(self, name: str) -> float:
+        """Bytes per weight of a tensor class of ``model.weights`` (its dtype, else the
+        compute dtype)."""
+        return DTYPE_BYTES[getattr(self.weights, name) or self.compute_dtype]
 
     @property
     def q_dim(self) -> int:
@@ -172,9 +213,25 @@ class ModelSpec(Strict):
         return self.total_params - inactive
 
     @property
+    def weight_classes(self) -> dict[str, int]:
+        """Parameters by tensor class: ``linear`` (at ``model.dtype``) and the classes of
+        ``model.weights`` (the embedding, the LM head unless tied, norms, the MoE router)."""
+        router = self.moe_layers * self.hidden * self.moe.experts if self.moe else 0
+        wide = {
+            "embedding": self.vocab * self.hidden,
+            "lm_head": 0 if self.tie_embeddings else self.vocab * self.hidden,
+            "norms": (2 * self.layers + 1) * self.hidden,
+            "router": router,
+        }
+        return {"linear": self.total_params - sum(wide.values()), **wide}
+
+    @property
     def weight_bytes(self) -> float:
-        """Bytes of all weights at the model dtype."""
-        return self.total_params * self.dtype_bytes
+        """Bytes of all weights, each tensor class at its dtype (quantisation scales, a few
+        bytes per output channel, are left out)."""
+        widths = {name: self.class_bytes(name) for name in Weights.model_fields}
+        widths["linear"] = self.dtype_bytes
+        return sum(n * widths[name] for name, n in self.weight_classes.items())
 
     # --- KV cache -----------------------------------------------------------------------------
 
@@ -186,8 +243,8 @@ class ModelSpec(Strict):
         return 2 * self.kv_dim
 
     def kv_bytes_per_token(self, dtype_bytes: float | None = None) -> float:
-        """KV bytes of one token over all layers, at the model dtype unless given."""
-        width = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        """KV bytes of one token over all layers, at the compute dtype unless given."""
+        width = self.act_bytes if dtype_bytes is None else dtype_bytes
         return self.layers * self.kv_elements_per_token_per_layer * width
 
     @property

@@ -147,7 +147,7 @@ class RunConfig(Strict):
     @property
     def kv_dtype_bytes(self) -> float:
         """Bytes per KV element in HBM."""
-        return DTYPE_BYTES[self.kv.dtype] if self.kv.dtype else self.model.dtype_bytes
+        return DTYPE_BYTES[self.kv.dtype] if self.kv.dtype else self.model.act_bytes
 
     def tier_dtype_bytes(self, tier: str) -> float:
         """Bytes per KV element in ``hbm``, ``dram`` or ``ssd`` (lower tiers may compress)."""

@@ -78,6 +78,6 @@ class Collectives:
         if tokens <= 0:
             return 0.0
         m, p, n = self.model, self.params, self.workers
-        activations = tokens * m.hidden * m.dtype_bytes
-        logits = sampled * m.vocab * m.dtype_bytes
+        activations = tokens * m.hidden * m.act_bytes
+        logits = sampled * m.vocab * m.act_bytes
         return self.all_reduces() * p.all_reduce_s(activations, n) + p.gather_s(logits, n)

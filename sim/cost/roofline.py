@@ -21,8 +21,14 @@ from sim.config.model import ModelSpec
 if TYPE_CHECKING:  # built by the factory only under tensor parallelism
     from sim.cost.collectives import Collectives
 
-LOGIT_BYTES = 4.0  # logits and sampling probabilities are fp32
-LOGIT_COPIES = 2.0  # logits + softmax probabilities live at once
+# The sampler's dummy run of the memory profile: bytes per logit (one sequence x one vocab
+# entry) at its peak. fit: vLLM PR #10511's Llama-3-8B profile on an H100 (max_num_seqs 256,
+# 8192 batched tokens): "PyTorch activation peak memory 1.26GiB" at TP 1 and at TP 2 alike,
+# so the unsharded sampler sets it (the forward pass peaks at 0.78 GiB at TP 1): (1.26 GiB -
+# 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.2 B: fp32 logits, probabilities
+# and log-probabilities, top-p/top-k's sort (fp32 values, int64 indices), the bf16 logits
+SAMPLER_BYTES_PER_LOGIT = 39.2
+FP8_WIDTH = 1.0  # bytes per fp8 weight
 # elementwise kernels of one layer and how often each runs (Vidur's per-layer convention:
 # two norms, one rope, one residual add; the activation runs once per MLP, dense or MoE, and
 # the embedding once per step)
@@ -101,6 +107,7 @@ class CostParams:
     decode_attention_efficiency: float | None = None
     decode_attention_latency_s: float | None = None
     sequence_overhead_s: float = 0.0
+    fp8_flops: float | None = None
     gemm_row_block: int | None = None
     gemm_max_passes: int | None = None
 
@@ -128,6 +135,7 @@ class CostParams:
             decode_attention_efficiency=eff.decode_attention,
             decode_attention_latency_s=eff.decode_attention_latency,
             sequence_overhead_s=eff.sequence_overhead,
+            fp8_flops=hw.compute.fp8_flops,
             gemm_row_block=eff.gemm_row_block,
             gemm_max_passes=eff.gemm_max_passes,
         )
@@ -136,6 +144,15 @@ class CostParams:
     def gemm_flops(self) -> float:
         """Achieved GEMM FLOP/s."""
         return self.peak_flops * self.gemm_efficiency
+
+    @property
+    def gemm_fp8_flops(self) -> float:
+        """Achieved FLOP/s of a GEMM whose weights are fp8: ``compute.fp8_flops`` at the bf16
+        fit's fraction (``efficiency.gemm``; docs/cost-model.md), else (no fp8 tensor cores:
+        weight-only fp8, dequantised to bf16) the bf16 rate."""
+        if self.fp8_flops is None:
+            return self.gemm_flops
+        return self.fp8_flops * self.gemm_efficiency
 
     @property
     def gemm_bandwidth(self) -> float:
@@ -170,17 +187,22 @@ class CostParams:
 
 
 def gemm_seconds(
-    p: CostParams, tokens: float, fan_in: float, fan_out: float, dtype_bytes: float
-) -> float:
-    """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM.
+    p: CostParams, tokens: float, fan_in: float, fan_out: float, dtype_bytes: float,
+    act_bytes: float | None = None,
+) -> float:  # fmt: skip
+    """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM whose weights have
+    ``dtype_bytes`` per element and activations ``act_bytes`` (the same unless given).
 
+    fp8 weights (1 byte under 2-byte activations) run at :attr:`CostParams.gemm_fp8_flops`.
     Calibrated profiles add a fixed latency and soften the roofline's corner:
     ``latency + blend(compute, memory, p)``; the defaults give ``max(compute, memory)``.
     """
+    act = dtype_bytes if act_bytes is None else act_bytes
     flops = 2.0 * tokens * fan_in * fan_out
-    weights = fan_in * fan_out * weight_passes(p, tokens)
-    traffic = (weights + tokens * (fan_in + fan_out)) * dtype_bytes
-    compute, memory = flops / p.gemm_flops, traffic / p.gemm_bandwidth
+    weights = fan_in * fan_out * weight_passes(p, tokens)  # the weights once, or per row block
+    traffic = weights * dtype_bytes + tokens * (fan_in + fan_out) * act
+    rate = p.gemm_fp8_flops if dtype_bytes == FP8_WIDTH and act > FP8_WIDTH else p.gemm_flops
+    compute, memory = flops / rate, traffic / p.gemm_bandwidth
     if p.gemm_latency_s == 0.0 and math.isinf(p.gemm_blend):
         return max(compute, memory)
     return p.gemm_latency_s + blend(compute, memory, p.gemm_blend)
@@ -240,7 +262,7 @@ class CostModel:
         # the sampled sequences' logits: gathered whole on one GPU (the full vocabulary)
         self.logits_vocab = comm.model.vocab if comm is not None else model.vocab
         self.kv_bytes_per_token_layer = model.kv_elements_per_token_per_layer * (
-            model.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+            model.act_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         )
         # causal attention FLOPs per (query token, key token) pair, one layer, all heads
         self.attention_flops_per_pair = (
@@ -258,9 +280,14 @@ class CostModel:
 
     # --- GEMMs ----------------------------------------------------------------------------
 
-    def gemm_time(self, tokens: float, fan_in: int, fan_out: int) -> float:
-        """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM."""
-        return gemm_seconds(self.params, tokens, fan_in, fan_out, self.model.dtype_bytes)
+    def gemm_time(
+        self, tokens: float, fan_in: int, fan_out: int, weight_bytes: float | None = None
+    ) -> float:
+        """Roofline time of a (tokens x fan_in) @ (fan_in x fan_out) GEMM, its weights at
+        ``model.dtype`` unless ``weight_bytes`` is given."""
+        m = self.model
+        width = m.dtype_bytes if weight_bytes is None else weight_bytes
+        return gemm_seconds(self.params, tokens, fan_in, fan_out, width, m.act_bytes)
 
     def _gemms_time(self, tokens: float, gemms: tuple[tuple[int, int], ...]) -> float:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
@@ -274,7 +301,7 @@ class CostModel:
         touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
         expert = m.mlp_gemms(moe.expert_intermediate)
         shared = moe.shared_experts * self._gemms_time(tokens, expert)
-        router = self.gemm_time(tokens, m.hidden, moe.experts)
+        router = self.gemm_time(tokens, m.hidden, moe.experts, m.class_bytes("router"))
         return touched * self._gemms_time(routed / touched, expert) + shared + router
 
     def _linear_time(self, tokens: int, sampled: int) -> float:
@@ -282,7 +309,8 @@ class CostModel:
         if tokens == 0:
             return 0.0
         layers, elementwise = self.token_parts(tokens)
-        total = layers + self.gemm_time(sampled, self.model.hidden, self.model.vocab)
+        m = self.model
+        total = layers + self.gemm_time(sampled, m.hidden, m.vocab, m.class_bytes("lm_head"))
         if self.params.kernels is not None:
             total += elementwise
         return total
@@ -313,7 +341,7 @@ class CostModel:
 
     def kernel_row_bytes(self) -> dict[str, float]:
         """Bytes one token row reads and writes in each elementwise kernel (dense MLP)."""
-        m, b = self.model, self.model.dtype_bytes
+        m, b = self.model, self.model.act_bytes
         if m.mla:
             rope_width = (m.heads + 1) * m.mla.qk_rope_head_dim  # one rope key shared by heads
         else:
@@ -340,7 +368,7 @@ class CostModel:
             kernels.activation, tokens, rows["activation"]
         )
         if m.moe:
-            width = (3.0 if m.gated_mlp else 2.0) * m.moe.expert_intermediate * m.dtype_bytes
+            width = (3.0 if m.gated_mlp else 2.0) * m.moe.expert_intermediate * m.act_bytes
             expert_rows = tokens * (m.moe.top_k + m.moe.shared_experts)
             total += m.moe_layers * self.kernel_time(kernels.activation, expert_rows, width)
         return total + self.kernel_time(kernels.embedding, tokens, rows["embedding"])
@@ -474,7 +502,9 @@ class CostModel:
     # --- memory -----------------------------------------------------------------------------
 
     def activation_bytes(self, tokens: int, sampled: int) -> float:
-        """Peak transient HBM of one step: the widest layer phase plus the logits.
+        """Peak transient HBM of one step, as vLLM's profile measures it: the larger of the
+        forward pass (its widest layer phase) and the sampler over ``sampled`` sequences' logits
+        beside the forward's output hidden states.
 
         Attention phase keeps residual, normed input, QKV and attention output; MLP phase
         keeps residual, normed input, up(+gate) output and the activated product.
@@ -487,5 +517,6 @@ class CostModel:
         else:
             mlp_width = up * m.intermediate
         attention_width = 2 * m.q_dim + 2 * m.kv_dim
-        per_token = (2 * m.hidden + max(attention_width, mlp_width)) * m.dtype_bytes
-        return tokens * per_token + sampled * self.logits_vocab * LOGIT_BYTES * LOGIT_COPIES
+        forward = tokens * (2 * m.hidden + max(attention_width, mlp_width)) * m.act_bytes
+        sampler = sampled * self.logits_vocab * SAMPLER_BYTES_PER_LOGIT
+        return max(forward, tokens * m.hidden * m.act_bytes + sampler)

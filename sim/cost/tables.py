@@ -272,7 +272,7 @@ class TableCostModel(CostModel):
         if t.lm_head is not None:
             total += t.lm_head(sampled)
         else:
-            total += gemm_seconds(self.params, sampled, m.hidden, m.vocab, m.dtype_bytes)
+            total += gemm_seconds(self.params, sampled, m.hidden, m.vocab, m.class_bytes("lm_head"))
         if t.embedding is not None:
             total += t.embedding(tokens)
         elif self.params.kernels is not None:

@@ -102,11 +102,10 @@ def test_malformed_sweep_files_name_the_key(tmp_path, sweep, match):
 
 
 def test_ids_are_hashes_of_the_resolved_config(tmp_path):
-    a = load_sweep(write_sweep(tmp_path, {"base": FAST_BASE, "grid": {"hardware": ["h200-sxm"]}}))
+    named = {**FAST_BASE, "hardware": "h100-sxm"}  # a profile's name, no overrides beside it
+    a = load_sweep(write_sweep(tmp_path, {"base": named, "grid": {"hardware": ["h200-sxm"]}}))
     b = load_sweep(
-        write_sweep(
-            tmp_path, {"base": FAST_BASE, "grid": {"hardware.profile": ["h200-sxm"]}}, "b.yaml"
-        )
+        write_sweep(tmp_path, {"base": named, "grid": {"hardware.profile": ["h200-sxm"]}}, "b.yaml")
     )
     plain = build_config({**FAST_BASE, "hardware": "h200-sxm"})
     assert a.points[0].point_id == b.points[0].point_id == point_id(plain)

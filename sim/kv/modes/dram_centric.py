@@ -4,11 +4,15 @@ the blocks it reads that are not cached."""
 
 from __future__ import annotations
 
+import math
+from functools import cached_property
+
 import numpy as np
 import simpy
 
 from policies.lru import LRU
 from policies.stamp_lru import StampLRU
+from sim.config.parallel import kv_share
 from sim.kv.modes.base import Mode, StepIO
 from sim.memory.blocks import DRAM, HBM
 from sim.memory.tiers import Tier
@@ -26,6 +30,16 @@ class DramCentricMode(Mode):
     home_index = DRAM
     hbm_is_cache = True
     can_swap = False  # preemption releases (the blocks stay at home in DRAM)
+
+    @cached_property
+    def cap_blocks(self) -> int | float:
+        """Blocks ``kv.hbm.capacity`` holds (per GPU, over its share of a block); inf: auto."""
+        config = self.kv.config
+        capacity = config.kv.hbm.capacity
+        if capacity == "auto":
+            return math.inf
+        share = kv_share(config.model, config.tensor_parallel_size)
+        return int(capacity // (self.kv.tiers[HBM].block_bytes * share))
 
     def hbm_policy(self, policy: object) -> object:
         # NOTE: every step reads thousands of cached blocks: same order, cheaper touches
@@ -70,7 +84,7 @@ class DramCentricMode(Mode):
         staging = 0.0 if direct else 2.0 * len(misses) * hbm.block_bytes / kv.layers
         # NOTE: a fetch whose double buffer exceeds the HBM left streams through what is left
         staging = min(staging, max(room_bytes, 0.0))
-        hbm.capacity = max(int((room_bytes - staging) // hbm.block_bytes), 0)
+        hbm.capacity = min(max(int((room_bytes - staging) // hbm.block_bytes), 0), self.cap_blocks)
         self._shrink(hbm, pinned)
         if not direct:
             self._cache(hbm, misses, pinned)
