@@ -205,11 +205,11 @@ def fit_summary(fit: DeviceFit, device: str, quick: bool, raw: Path, rows: int) 
 def notes(fit: DeviceFit) -> dict[str, str]:
     """Comments of the fitted efficiency keys."""
     att, g = fit.attention, fit.ops.gemm
-    passes = "one pass" if g.row_block is None else f"a pass per {g.row_block} rows"
+    passes = "once" if g.row_block is None else f"once per {g.row_block} rows"
     limit = "no limit" if g.max_passes is None else f"at most {g.max_passes}"
     return table_notes(fit.ops) | {
-        "gemm_row_block": f"fit: few-row GEMMs read the weights {passes} (null: one pass)",
-        "gemm_max_passes": f"fit: passes over the weights, {limit}",
+        "gemm_row_block": f"fit: GEMMs read their weights {passes} (null: once)",
+        "gemm_max_passes": f"fit: passes over the weights: {limit}",
         "attention": f"fit: prefill rate {att.flops_rate / 1e9:.3g} GFLOP/s / peak",
         "attention_latency": "fit: fixed time of one layer's attention call (KV write, SDPA)",
         "hbm": f"fit: decode attention reads KV at {att.bandwidth / 1e9:.3g} GB/s / peak",

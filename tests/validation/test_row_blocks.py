@@ -16,6 +16,7 @@ from sim.config.model import ModelSpec
 from sim.cost.roofline import CostModel, CostParams
 from validation.fit import ROW_BLOCK_GAIN, fit_gemm
 from validation.opsfit import calibrated_spec, fit_ops
+from validation.profile import efficiency_text
 
 STEP_MAPE_BOUND = 0.20  # issue 7's step bound of the CPU validation (test_cpu_validation)
 # the mini-engine's CPU model (validation.scenario.MINI_CPU)
@@ -125,3 +126,19 @@ def test_the_fitted_passes_predict_the_steps_the_one_pass_roofline_misses(block,
     assert plain_eff["gemm_row_block"] is None
     assert fitted <= STEP_MAPE_BOUND < plain
     assert fitted < 0.05  # the law is the model's: only the noise is left
+
+
+@pytest.mark.parametrize(("block", "limit", "lines"), [
+    (2, 8, ("  gemm_row_block: 2", "  gemm_max_passes: 8")),
+    (None, None, ("  gemm_row_block: null", "  gemm_max_passes: null")),
+])  # fmt: skip
+def test_the_calibrated_profile_writes_the_fit_or_null(block, limit, lines):
+    """Null is written too, so recalibrating a profile that had a block replaces it."""
+    eff = load_hardware("cpu-host").efficiency.model_copy(
+        update={"gemm_row_block": block, "gemm_max_passes": limit}
+    )
+    base = {"gemm_row_block": "  gemm_row_block: 4  # an older fit"}
+    notes = {"gemm_row_block": "fit", "gemm_max_passes": "fit"}
+    text = efficiency_text(eff, base, notes)
+    for line in lines:
+        assert any(row.startswith(line + " ") for row in text.splitlines()), text

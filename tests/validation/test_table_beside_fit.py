@@ -38,11 +38,14 @@ LAW_EFFICIENCY = {
 LINK = (5e-6, 10e9)  # a memcpy: latency, bandwidth
 
 
-def law_profile() -> HardwareSpec:
-    """The machine: a CPU whose every operator follows the cost model with known figures."""
+def law_profile(passes: tuple[int, int] | None = None) -> HardwareSpec:
+    """The machine: a CPU whose every operator follows the cost model with known figures
+    (``passes``: its GEMMs read the weights once per so many rows, at most so many times)."""
     data = load_hardware("cpu-host").model_dump(mode="json")
     data["compute"]["bf16_flops"], data["hbm"]["bandwidth"] = 100e9, 20e9
-    data["efficiency"] = LAW_EFFICIENCY
+    data["efficiency"] = dict(LAW_EFFICIENCY)
+    if passes is not None:
+        data["efficiency"]["gemm_row_block"], data["efficiency"]["gemm_max_passes"] = passes
     return validate(HardwareSpec, data, "<law>")
 
 
@@ -95,14 +98,23 @@ def law_table(config) -> pd.DataFrame:
 
 
 @pytest.mark.torch
-def test_both_cost_models_land_near_a_known_law(tmp_path):
-    law = law_profile()
+@pytest.mark.parametrize(
+    ("passes", "table_bound"),
+    # (2026-12-04: fitted 0.04% and 0.07%, tables 0.6% and 0.3%, their log-log interpolation;
+    # with passes, fitted 0.3% and 0.3%, tables 5.2% and 3.3%: the microbenchmarks time 1, 2,
+    # 4, 8 rows, and the passes step between them, at the decode batches of 3, 5, 6 and 7)
+    [(None, (0.02, 0.01)), ((2, 8), (0.08, 0.05))],
+)
+def test_both_cost_models_land_near_a_known_law(tmp_path, passes, table_bound):
+    law = law_profile(passes)
     config = scenario_config(law, "validate", "cpu", "hbm", quick=True)
     table = law_table(config)
     raw = tmp_path / "law.measurements.csv"
     table.to_csv(raw, index=False)
     fit = fit_device(table, config.block_bytes, config.model.dtype_bytes)
     fitted = calibrated_hardware(fit, load_hardware("cpu-host"), law.efficiency.step_overhead)
+    found = (fitted.efficiency.gemm_row_block, fitted.efficiency.gemm_max_passes)
+    assert found == (passes or (None, None))  # the calibration finds the passes, or none
     fitted_config = scenario_config(fitted, "validate", "cpu", "hbm", quick=True)
     table_hw, note = table_profile(fitted, raw, fitted_config)
     assert table_hw is not None and note["available"], note
@@ -118,9 +130,9 @@ def test_both_cost_models_land_near_a_known_law(tmp_path):
     )
     assert report["schedule_match"] and report["table"]["schedule_match"]
     assert {"simulated_s", "table_s", "baseline_s"} <= set(frame.columns)
-    # (2026-12-04: fitted 0.04% and 0.07%; tables 0.6% and 0.3%, their log-log interpolation)
     assert report["step_mape"] < 0.02 and report["e2e_error"] < 0.01
-    assert report["table"]["step_mape"] < 0.02 and report["table"]["e2e_error"] < 0.01
+    table = report["table"]
+    assert table["step_mape"] < table_bound[0] and table["e2e_error"] < table_bound[1]
     assert report["baseline"]["step_mape"] > 0.5  # the placeholder is far off: not vacuous
 
 
