@@ -54,7 +54,9 @@ class PoolLegs:
         done.succeed()  # the full blocks written land in the pool
         yield reads
 
-    def _reads(self, dst: RemoteKv, piece: float, landed: list[simpy.Event], waits: list):
+    def _reads(
+        self, dst: RemoteKv, piece: float, landed: list[simpy.Event], waits: list[simpy.Event]
+    ):
         """Piece i's read: once its write has landed (and the writes of blocks others were
         carrying, before the first) and read i - 1 has ended."""
         if waits:
