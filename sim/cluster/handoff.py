@@ -1,5 +1,6 @@
 """Prefill/decode handoffs: a disaggregated request's KV, sent from its prefill instance's
-NIC to its decode instance's, whole after the prefill or layer by layer during it.
+NIC to its decode instance's (or written to the cluster's KV pool and read back from it:
+:mod:`sim.cluster.pool_handoff`), whole after the prefill or layer by layer during it.
 
 The order (as NVIDIA Dynamo's disaggregated serving and vLLM's KV connectors do it): the
 decode instance admits the request first, reserving blocks for its prompt but the last
@@ -23,6 +24,7 @@ from functools import partial
 import numpy as np
 import simpy
 
+from sim.cluster.pool_handoff import PoolLegs
 from sim.config.cluster import Transfer
 from sim.instance.instance import Instance
 from sim.instance.scheduler import Batch, Scheduler
@@ -37,10 +39,12 @@ class Handoffs:
         transfer: Transfer, requests: int, prefill: Sequence[int],
     ):  # fmt: skip
         self.instances, self.nics, self.layerwise = instances, nics, transfer.layerwise
+        self.pool = PoolLegs(instances, requests) if transfer.via == "pool" else None
         self.env = instances[0].env
         self.prefill_of = np.full(requests, -1, dtype=np.int64)
         self.decode_of = np.full(requests, -1, dtype=np.int64)
-        self.bytes = np.zeros(requests)
+        self.bytes = np.zeros(requests)  # the KV the decode instance receives
+        self.tokens = np.zeros(requests, dtype=np.int64)  # its tokens
         self.sent_s = np.full(requests, np.nan)  # the first byte left
         self.arrived_s = np.full(requests, np.nan)  # the last byte landed
         self.prefilled_s = np.full(requests, np.nan)  # the prefill step ended
@@ -59,6 +63,11 @@ class Handoffs:
         """Transfers whose decode side still waits."""
         return len(self._landed)
 
+    @property
+    def network_bytes(self) -> float:
+        """Bytes sent NIC to NIC (none through the pool: those are the pool's traffic)."""
+        return 0.0 if self.pool is not None else float(self.bytes.sum())
+
     def route(self, rid: int, prefill: int, decode: int) -> None:
         """``rid`` prefills on ``prefill`` and decodes on ``decode`` (queued there next)."""
         self.prefill_of[rid], self.decode_of[rid] = prefill, decode
@@ -75,6 +84,7 @@ class Handoffs:
         # over its own NIC (an instance's NIC is N GPUs' NICs: sim/cluster/cluster.py)
         whole = tokens * config.model.kv_bytes_per_token(config.kv_dtype_bytes)
         self.bytes[rid] = whole * p.plan.kv_share * p.plan.gpus
+        self.tokens[rid] = tokens
         s = p.scheduler
         s.output[rid] = 1  # prefill only: its one sample is the prefill's last step
         s.sending[rid] = True
@@ -92,7 +102,7 @@ class Handoffs:
         self.prefilled_s[rid] = now
         if not self.layerwise:
             self.sent_s[rid] = now
-            self.env.process(self._send(rid))
+            self.env.process(self._pieces(rid, [now]))
         elif not np.isnan(self.arrived_s[rid]):
             self._land(rid)
 
@@ -105,19 +115,24 @@ class Handoffs:
             self.env.process(self._layers(rid, compute))
 
     def _layers(self, rid: int, compute: float):
-        """Layer l's KV leaves when layer l is done and layer l - 1's has gone."""
+        """Layer l's KV leaves when layer l is done (and layer l - 1's has gone)."""
         layers = self.instances[self.prefill_of[rid]].config.model.layers
         start, per_layer = self.env.now, compute / layers
-        for layer in range(layers):
-            wait = start + (layer + 1) * per_layer - self.env.now
-            if wait > 0:
-                yield self.env.timeout(wait)
-            yield self._move(rid, self.bytes[rid] / layers)
-        self._arrived(rid)
+        return self._pieces(rid, [start + (layer + 1) * per_layer for layer in range(layers)])
 
-    def _send(self, rid: int):
-        """All of ``rid``'s KV at once."""
-        yield self._move(rid, self.bytes[rid])
+    def _pieces(self, rid: int, ready: list[float]):
+        """``rid``'s KV in ``len(ready)`` equal pieces, piece i computed at ``ready[i]``:
+        NIC to NIC, each once computed and the previous one has landed; or through the pool
+        (:class:`PoolLegs`)."""
+        p, d, size = int(self.prefill_of[rid]), int(self.decode_of[rid]), self.bytes[rid]
+        if self.pool is not None:
+            yield from self.pool.pipeline(rid, p, d, int(self.tokens[rid]), size, ready)
+        else:
+            for t in ready:
+                wait = t - self.env.now
+                if wait > 0:
+                    yield self.env.timeout(wait)
+                yield self._move(rid, size / len(ready))
         self._arrived(rid)
 
     def _move(self, rid: int, size: float) -> simpy.Event:

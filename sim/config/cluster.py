@@ -80,18 +80,8 @@ class RoleRouters(Strict):
 class Transfer(Strict):
     """How a disaggregated request's KV goes from its prefill to its decode instance."""
 
-    via: Literal["network", "pool"] = "network"
+    via: Literal["network", "pool"] = "network"  # pool: written to cluster.kv_pool, read back
     layerwise: bool = True  # layer l's KV leaves when layer l's prefill is done
-
-    @model_validator(mode="after")
-    def _network_only(self) -> Transfer:
-        if self.via == "pool":
-            raise KeyedValueError(
-                "via",
-                "'pool' (prefill writes the KV to the pool, decode reads it) is not modelled "
-                "yet; expected 'network' (docs/cluster.md)",
-            )
-        return self
 
 
 class PrefixThreshold(Strict):
@@ -169,6 +159,12 @@ class ClusterConfig(Strict):
                 "disaggregation",
                 f"a disaggregated cluster needs groups of role prefill and decode and no "
                 f"mixed one; got roles {sorted(roles)}",
+            )
+        if self.disaggregation.transfer.via == "pool" and self.kv_pool is None:
+            raise KeyedValueError(
+                "disaggregation.transfer.via",
+                "'pool' sends the KV through the cluster's KV pool, and there is no "
+                "cluster.kv_pool; expected 'network', or a kv_pool",
             )
         return self
 

@@ -30,7 +30,7 @@ class KvPoolStore:
         self.slot_of: dict[int, int] = {}
         self.hash_of = np.zeros(capacity, dtype=np.uint64)
         self._free = list(range(capacity - 1, -1, -1))
-        self.writing: set[int] = set()  # hashes on their way in
+        self.writing: dict[int, simpy.Event] = {}  # hashes on their way in: their write
         self.blocks_written = 0
         self.blocks_evicted = 0
 
@@ -58,10 +58,20 @@ class KvPoolStore:
         fresh = [h for h in hashes if h not in writing and h not in slot_of]
         return list(dict.fromkeys(fresh))  # distinct, first occurrence kept
 
+    def claim(self, hashes: list[int], done: simpy.Event) -> None:
+        """``hashes`` (missing ones) are on their way in until ``done`` fires, then land."""
+        self.writing.update(dict.fromkeys(hashes, done))
+        done.callbacks.append(lambda _: self.insert(hashes, done.env.now))
+
+    def in_flight(self, hashes: list[int]) -> list[simpy.Event]:
+        """The writes still carrying some of ``hashes`` (distinct)."""
+        writing = self.writing
+        return list({id(e): e for h in hashes if (e := writing.get(h)) is not None}.values())
+
     def insert(self, hashes: list[int], now: float) -> None:
         """Written blocks land: each takes a slot, evicting by the policy when full."""
         for h in hashes:
-            self.writing.discard(h)
+            self.writing.pop(h, None)
             if h in self.slot_of:
                 continue
             if not self._free:
@@ -96,7 +106,7 @@ class RemoteKv:
         """Read the pool's copies of ``hashes`` over the NIC; the event fires when all landed."""
         self.store.touch(hashes, self.now())
         self.blocks_fetched += len(hashes)
-        return self._move(len(hashes), self.nic_in)
+        return self.move(len(hashes) * self.store.block_bytes, self.nic_in)
 
     def put(self, hashes: np.ndarray) -> None:
         """Write the blocks of ``hashes`` the pool lacks (write-through or an eviction); they
@@ -104,12 +114,9 @@ class RemoteKv:
         new = self.store.missing(hashes.tolist())
         if not new:
             return
-        self.store.writing.update(new)
         self.blocks_put += len(new)
-        done = self._move(len(new), self.nic_out)
-        done.callbacks.append(lambda _: self.store.insert(new, self.env.now))
+        self.store.claim(new, self.move(len(new) * self.store.block_bytes, self.nic_out))
 
-    def _move(self, blocks: int, nic: Link) -> simpy.Event:
-        """``blocks`` blocks across ``nic`` and the pool's link at once."""
-        size = blocks * self.store.block_bytes
+    def move(self, size: float, nic: Link) -> simpy.Event:
+        """``size`` bytes across ``nic`` and the pool's link at once."""
         return simpy.AllOf(self.env, [nic.transfer(size), self.store.link.transfer(size)])

@@ -150,8 +150,8 @@ def check_cluster(cluster: Cluster) -> None:
         return
     link = cluster.pool.link
     nics = sum(n[0].bytes_delivered + n[1].bytes_delivered for f in cluster.fabrics if (n := f.nic))
-    if cluster.handoffs is not None:  # (their bytes cross two NICs, not the pool)
-        nics -= 2 * float(cluster.handoffs.bytes.sum())
+    if cluster.handoffs is not None:  # (bytes sent NIC to NIC cross two NICs, not the pool)
+        nics -= 2 * cluster.handoffs.network_bytes
     moved = link.bytes_delivered
     if abs(link.bytes_submitted - moved) > 1e-9 * max(moved, 1) or abs(nics - moved) > 1e-6 * max(
         moved, 1
@@ -185,8 +185,9 @@ def check_handoffs(handoffs: Handoffs, arrived: np.ndarray) -> None:
 
 
 def _check_nics(cluster: Cluster) -> None:
-    """Every byte a NIC was given arrived: what the handoffs sent went out of prefill NICs
-    and into decode NICs, and all NIC traffic is the handoffs' and the pool's."""
+    """Every byte a NIC was given arrived: what the handoffs sent NIC to NIC went out of
+    prefill NICs and into decode NICs, and all NIC traffic is those and the pool's (a
+    handoff through the pool is pool traffic)."""
     nics = [f.nic for f in cluster.fabrics if f.nic]
     for nic in nics:
         for link in nic:
@@ -196,7 +197,7 @@ def _check_nics(cluster: Cluster) -> None:
                     f"invariant violated at the end of the run: {link.name} was given "
                     f"{link.bytes_submitted:.0f} B and delivered {link.bytes_delivered:.0f} B"
                 )
-    sent = float(cluster.handoffs.bytes.sum()) if cluster.handoffs is not None else 0.0
+    sent = cluster.handoffs.network_bytes if cluster.handoffs is not None else 0.0
     pool = cluster.pool.link.bytes_delivered if cluster.pool is not None else 0.0
     total = sum(n[0].bytes_delivered + n[1].bytes_delivered for n in nics)
     if abs(total - (2 * sent + pool)) > 1e-6 * max(total, 1):

@@ -243,7 +243,7 @@ def test_fast_nics_and_long_prompts_win_on_tpot_p99():
             "groups of role prefill and decode and no mixed one",
         ),
         ({"instances": 2, "router": {"prefill": {}, "decode": {}}}, "a router per role needs"),
-        (split(transfer={"via": "pool"}), "not modelled yet"),
+        (split(transfer={"via": "pool"}), "there is no cluster.kv_pool"),
         (split(decider="sometimes"), "expected never, always or"),
         (split(decider={"kind": "prefix_threshold", "uncached": 5}), "uncached_tokens"),
     ],
