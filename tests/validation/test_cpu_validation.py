@@ -112,41 +112,18 @@ def test_calibrated_cpu_profile_predicts_the_mini_engine(tmp_path, capsys):
     assert report["step_mape"] <= BOUNDS["step_mape"], report
 
 
+VALIDATE = "validate --device cpu --profile cpu-host --out r"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["calibrate", "--device", "cpu", "--from-table", "x", "--out", "p.yaml"], "not both"),
         (["calibrate", "--out", "p.yaml"], "give --from-table"),
         (["calibrate", "--device", "cpu", "--out", "p.txt"], "expected a .yaml file"),
-        (
-            [
-                "validate",
-                "--device",
-                "cpu",
-                "--profile",
-                "cpu-host",
-                "--out",
-                "r",
-                "--modes",
-                "hbm,swap",
-            ],
-            "unknown KV modes ['swap']",
-        ),
+        (f"{VALIDATE} --modes hbm,swap".split(), "unknown KV modes ['swap']"),
         (["validate", "--device", "cpu", "--profile", "nope", "--out", "r"], "neither a YAML file"),
-        (
-            [
-                "validate",
-                "--device",
-                "cpu",
-                "--profile",
-                "cpu-host",
-                "--out",
-                "r",
-                "--table",
-                "t.csv",
-            ],
-            "--table t.csv: no such file",
-        ),
+        (f"{VALIDATE} --table t.csv".split(), "--table t.csv: no such file"),
     ],
 )
 def test_command_errors_are_one_line(tmp_path, capsys, monkeypatch, args, message):
