@@ -161,6 +161,17 @@ def test_the_fidelity_page_is_current():
     )
 
 
+def test_the_readme_quotes_the_pages_summary():
+    """The README's one-line fidelity figures are the page's (count, median, worst)."""
+    page = (REPO / "docs" / "fidelity.md").read_text()
+    n, median, worst = re.search(r"^\| all \| (\d+) \| ([\d.]+)% \| ([\d.]+)%", page, re.M).groups()
+    readme = " ".join((REPO / "README.md").read_text().split())
+    quoted = re.search(r"against (\d+) published serving measurements.*?median error is ([\d.]+)% "
+                       r"and its worst (\d+)%", readme)  # fmt: skip
+    assert quoted is not None, "README: the 'How close to real engines' line is missing"
+    assert quoted.groups() == (n, median, str(round(float(worst))))
+
+
 def _row(**fields) -> pd.Series:
     """A measurement row built by hand (no CSV), for the metrics no simulated row uses yet."""
     base = dict(
