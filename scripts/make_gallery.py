@@ -9,7 +9,7 @@ figures into ``--out``. Times are on two cores.
 
 Groups: seed-study (~1 min), tp-study (~20 s), workload-mix (~5 min), mooncake-replay (~3 min;
 needs the Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min;
-traces), cluster-routing (~15 min; traces), pd-study (~30 min; traces).
+traces), cluster-routing (~15 min; traces), pd-study (~20 min; traces).
 """
 
 from __future__ import annotations
