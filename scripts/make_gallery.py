@@ -4,12 +4,12 @@ Each group runs its study with the ordinary commands (``kvsim sweep``, ``kvsim p
 ``kvsim replay``) into ``--runs`` (resuming a sweep that is already there) and writes its
 figures into ``--out``. Times are on two cores.
 
-    python scripts/make_gallery.py                          # every group (~85 min)
+    python scripts/make_gallery.py                          # every group (~45 min)
     python scripts/make_gallery.py --only seed-study,mooncake-replay   # ~4 min
 
-Groups: seed-study (~1 min), tp-study (~20 s), workload-mix (~5 min), mooncake-replay (~3 min;
-needs the Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~30 min;
-traces), cluster-routing (~15 min; traces), pd-study (~20 min; traces).
+Groups: seed-study (~30 s), tp-study (~30 s), workload-mix (~3 min), mooncake-replay (~3 min;
+needs the Mooncake traces: $KVSIM_TRACES or ../shared/traces), mooncake-policies (~3 min;
+traces), cluster-routing (~15 min; traces), pd-study (~17 min; traces).
 """
 
 from __future__ import annotations
