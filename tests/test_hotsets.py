@@ -211,6 +211,17 @@ def test_redraws_are_one_bernoulli_draw_per_middle_block():
     assert np.all(np.abs(thirds - drift) < 4 * np.sqrt(drift * (1 - drift) / (trials / 3)))
 
 
+@pytest.mark.parametrize("p", [0.001, 0.05, 0.2, 0.3333, 1 / 3, 0.5, 1.0])
+def test_geometric_gaps_are_numpys_draws(p):
+    """The redraws' gaps are numpy's own ``geometric`` draws, value for value, and leave
+    the Generator where it would (so the model's stream is unchanged by the faster path)."""
+    from sim.kv.hotsets import _geometric
+
+    ours, numpys = np.random.default_rng(11), np.random.default_rng(11)
+    np.testing.assert_array_equal(_geometric(ours, p, 20_000), numpys.geometric(p, 20_000))
+    assert ours.random() == numpys.random()
+
+
 def test_still_heat_reads_the_hand_picked_top_k_and_draws_nothing():
     """Drift 0: sink 1, the 2 hottest middle blocks by hand (3 and 5), window 2; heat and
     generator are left as they were."""
