@@ -61,7 +61,7 @@ class KvManager:
         )
         self.prefix = self.index.enabled
         keeps = host.keeps_below[HBM]
-        hbm = hbm_pool(config, table, self.mode, hbm_blocks, keeps, host.lost_cost)
+        hbm = hbm_pool(config, table, hbm_blocks, keeps, host.lost_cost)
         self.tiers = [hbm, host.dram, host.ssd]
         self.home: Tier = self.tiers[self.mode.home_index]  # running blocks live here
         self.holdings = Holdings(len(requests))

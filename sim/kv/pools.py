@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.lru import LRU
 from policies.registry import make_eviction
+from policies.stamp_lru import StampLRU
 from sim.config.run import RunConfig
-from sim.kv.modes import MODES, Mode
+from sim.kv.modes import MODES
 from sim.memory.blocks import DRAM, HBM, SSD, TIER_NAMES, BlockTable
 from sim.memory.tiers import Tier
 
@@ -28,11 +30,12 @@ def tier_blocks(config: RunConfig, hbm_blocks: int) -> list[int]:
 
 def make_tier(
     config: RunConfig, index: int, capacity: int, table: BlockTable,
-    lost_cost: Callable[[int], float] | None, choose: Callable[[object], object] = lambda p: p,
+    lost_cost: Callable[[int], float] | None,
 ) -> Tier:  # fmt: skip
-    """A tier of ``capacity`` blocks and its eviction policy (as ``choose`` keeps or replaces
-    it); cost-aware policies see what a miss costs: ``lost_cost`` where victims are lost, one
-    load (the same for every block) where they stay in the tier below (``lost_cost`` None)."""
+    """A tier of ``capacity`` blocks and its eviction policy (plain LRU kept as numpy stamps:
+    the same order, bulk inserts and touches); cost-aware policies see what a miss costs:
+    ``lost_cost`` where victims are lost, one load (the same for every block) where they stay
+    in the tier below (``lost_cost`` None)."""
     name = TIER_NAMES[index]
     policy = make_eviction(
         config.kv.eviction_for(name),
@@ -40,8 +43,9 @@ def make_tier(
         rng=np.random.default_rng([config.seed, index]),
         cost=lost_cost,
     )
-    chosen = choose(policy)
-    return Tier(index, name, capacity, config.tier_block_bytes(name), chosen, table)  # type: ignore[arg-type]
+    if type(policy) is LRU:
+        policy = StampLRU()
+    return Tier(index, name, capacity, config.tier_block_bytes(name), policy, table)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,9 @@ def host_pool(config: RunConfig, table: BlockTable, lost_cost: Callable[[int], f
 
 
 def hbm_pool(
-    config: RunConfig, table: BlockTable, mode: Mode, hbm_blocks: int, keeps_below: bool,
+    config: RunConfig, table: BlockTable, hbm_blocks: int, keeps_below: bool,
     lost_cost: Callable[[int], float],
 ) -> Tier:  # fmt: skip
-    """An instance's HBM tier of ``hbm_blocks`` blocks (the mode may pick its policy)."""
+    """An instance's HBM tier of ``hbm_blocks`` blocks."""
     cost = None if keeps_below else lost_cost
-    return make_tier(config, HBM, hbm_blocks, table, cost, mode.hbm_policy)
+    return make_tier(config, HBM, hbm_blocks, table, cost)

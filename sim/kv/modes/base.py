@@ -50,10 +50,6 @@ class Mode:
         blocks. ``blocks``: each tier's capacity in blocks."""
         return [i < SSD and blocks[i + 1] >= 1 for i in range(len(blocks))]
 
-    def hbm_policy(self, policy: object) -> object:
-        """The HBM tier's eviction policy (a mode may swap in an equivalent, faster one)."""
-        return policy
-
     def hbm_victims(self, victims: list[int]) -> bool:
         """Handle blocks just evicted from HBM; False: the cascade demotes them."""
         return False

@@ -10,8 +10,6 @@ from functools import cached_property
 import numpy as np
 import simpy
 
-from policies.lru import LRU
-from policies.stamp_lru import StampLRU
 from sim.config.parallel import kv_share
 from sim.kv.modes.base import Mode, StepIO
 from sim.memory.blocks import DRAM, HBM
@@ -40,10 +38,6 @@ class DramCentricMode(Mode):
             return math.inf
         share = kv_share(config.model, config.tensor_parallel_size)
         return int(capacity // (self.kv.tiers[HBM].block_bytes * share))
-
-    def hbm_policy(self, policy: object) -> object:
-        # NOTE: every step reads thousands of cached blocks: same order, cheaper touches
-        return StampLRU() if type(policy) is LRU else policy
 
     def hbm_victims(self, victims: list[int]) -> bool:
         """Blocks evicted from the HBM cache are still at home: write back the dirty ones."""
