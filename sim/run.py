@@ -1,14 +1,17 @@
 """One simulation: build the workload and a cluster of one instance, attach the observers
-the config asks for, run, and gather what a run directory holds (``sim.rundir`` writes it)."""
+the config asks for, run, and gather what a run directory holds (``sim.rundir`` writes it).
+
+A run's tables are numpy columns; pandas is imported only when a caller asks for a table as
+a DataFrame (``RunResult.requests``, ...), so ``kvsim run`` does without it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sim.cluster.cluster import Cluster
 from sim.config.run import RunConfig
@@ -18,23 +21,52 @@ from sim.memory.hbm_plan import HbmPlan
 from sim.observe.cluster import check_cluster, cluster_results
 from sim.observe.heatlog import HeatLog
 from sim.observe.invariants import Invariants
-from sim.observe.metrics import goodput, request_frame, summarize, tier_summary
+from sim.observe.metrics import Columns, goodput, request_columns, summarize, tier_summary
 from sim.workload import build_requests
 from sim.workload.requests import Requests
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ObserverFactory = Callable[[Instance], StepObserver]  # builds an extra observer of the instance
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run returns; files are written by the caller (``sim.rundir``)."""
+    """What a run returns; files are written by the caller (``sim.rundir``).
+
+    ``tables`` holds the run's tables as columns by name, in file order: ``requests``,
+    ``timeline`` and, with ``engine.kv_heat``, ``kv_heat`` (the blocks read per step); the
+    properties of the same names give them as DataFrames, built when first asked for."""
 
     config: RunConfig
     plan: HbmPlan
-    requests: pd.DataFrame
-    timeline: pd.DataFrame
     summary: dict
-    kv_heat: pd.DataFrame | None = None  # per step, the blocks read (``engine.kv_heat``)
+    tables: dict[str, Columns] = field(repr=False)
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (``requests.parquet``)."""
+        return as_frame(self.tables["requests"])
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """One row per engine step (``timeline.parquet``)."""
+        return as_frame(self.tables["timeline"])
+
+    @cached_property
+    def kv_heat(self) -> pd.DataFrame | None:
+        """Per recorded step, the blocks read (``kv_heat.parquet``), or None without
+        ``engine.kv_heat``."""
+        heat = self.tables.get("kv_heat")
+        return None if heat is None else as_frame(heat)
+
+
+def as_frame(columns: Columns) -> pd.DataFrame:
+    """A table as a DataFrame (pandas imported here, when first needed)."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
 
 
 def simulate(
@@ -99,23 +131,28 @@ class Simulation:
         if cluster.requests.report is not None:
             summary["workload"] = cluster.requests.report.as_dict()
         summary["wall_time_s"] = time.perf_counter() - started
-        kv_heat = self.heat_log.frame() if self.heat_log is not None else None
+        tables = {"requests": requests, "timeline": timeline}
+        if self.heat_log is not None:
+            tables["kv_heat"] = self.heat_log.columns()
         for checks in self.checks:
             checks.run_ended(requests)
         if self.checks and cluster.dispatcher is not None:
             check_cluster(cluster)
-        return RunResult(cluster.config, self.plan, requests, timeline, summary, kv_heat)
+        return RunResult(cluster.config, self.plan, summary, tables)
 
 
 def _one_instance(
     instance: Instance, requests: Requests, end: float
-) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+) -> tuple[Columns, Columns, dict]:
     """The requests, timeline and summary of a run of one instance (no ``cluster`` key)."""
     s, kv = instance.scheduler, instance.kv
-    frame = request_frame(
+    frame = request_columns(
         requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions, s.reject_reason
     )
-    timeline = kv.prefetch.extend_timeline(instance.timeline.to_frame())  # prefetch columns
+    timeline = instance.timeline.arrays()
+    if kv.prefetch.active:  # its per-step columns (pandas: the prefetcher adds them to a frame)
+        extended = kv.prefetch.extend_timeline(as_frame(timeline))
+        timeline = {str(name): extended[name].to_numpy() for name in extended.columns}
     summary = summarize(frame, timeline, end)
     summary.update(tier_summary([instance]))
     summary.update(kv.prefetch.summary())  # empty for prefetch: none

@@ -9,10 +9,17 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from sim.config.loader import dump_config
 from sim.errors import KvsimError
+from sim.observe.metrics import Columns
 from sim.run import RunResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RUN_FILES = ("config.resolved.yaml", "summary.json", "requests.parquet", "timeline.parquet")
 
@@ -91,6 +98,41 @@ def remove_stale(out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def write_parquet(columns: Columns, path: Path) -> None:
+    """Write a table as pandas' ``to_parquet(index=False)`` writes its DataFrame, with
+    pyarrow alone: the same column types and values (NaN stored as null, strings as
+    ``large_string``, as pandas' ``str`` columns are), read back by pandas as equal."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = [_arrow(values) for values in columns.values()]
+    pq.write_table(pa.Table.from_arrays(arrays, names=list(columns)), path)
+
+
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A column as pyarrow holds it when pandas converts it, built from its buffers
+    (``pyarrow.array`` of a numpy array would import pandas): NaN as null, strings as
+    ``large_string``, an empty column of objects as nulls."""
+    import pyarrow as pa
+
+    if values.dtype == object:
+        if not len(values):
+            return pa.nulls(0)
+        encoded = [value.encode() for value in values.tolist()]  # (str only: else an error)
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(text) for text in encoded], out=offsets[1:])
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        return pa.Array.from_buffers(pa.large_string(), len(values), buffers)
+    valid = None
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        valid = pa.py_buffer(np.packbits(~np.isnan(values), bitorder="little"))
+    data = np.packbits(values, bitorder="little") if values.dtype == bool else values
+    kind = pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(
+        kind, len(values), [valid, pa.py_buffer(np.ascontiguousarray(data))]
+    )
+
+
 def write_run(result: RunResult, out: str | Path) -> Path:
     """Write the run directory atomically (a temporary sibling renamed into place).
 
@@ -105,10 +147,8 @@ def write_run(result: RunResult, out: str | Path) -> Path:
         os.chmod(tmp, 0o777 & ~current_umask())  # NOTE: mkdtemp makes it private (0700)
         (tmp / "config.resolved.yaml").write_text(dump_config(result.config))
         (tmp / "summary.json").write_text(json.dumps(_json_safe(result.summary), indent=2) + "\n")
-        result.requests.to_parquet(tmp / "requests.parquet", index=False)
-        result.timeline.to_parquet(tmp / "timeline.parquet", index=False)
-        if result.kv_heat is not None:  # engine.kv_heat: true (the heatmap's data)
-            result.kv_heat.to_parquet(tmp / "kv_heat.parquet", index=False)
+        for name, columns in result.tables.items():  # kv_heat with engine.kv_heat: true
+            write_parquet(columns, tmp / f"{name}.parquet")
     except OSError as exc:
         _remove_tree(tmp)
         raise _unwritable(out, exc) from None

@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import sim.rundir
 from experiments import store
 from sim.cli import main
 from sim.rundir import RUN_FILES
@@ -249,11 +250,11 @@ def test_disk_full_while_writing_leaves_nothing(tmp_path, capsys, monkeypatch):
     write_inputs(tmp_path)
     out = tmp_path / "run"
 
-    def full(self, path, *args, **kwargs):
+    def full(columns, path):
         Path(path).write_bytes(b"PAR1 partial")  # a torn file: must not survive
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    monkeypatch.setattr(sim.rundir, "write_parquet", full)
     assert main(["run", str(tmp_path / "base.yaml"), "--out", str(out)]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.glob(".run*"))

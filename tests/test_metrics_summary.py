@@ -4,9 +4,11 @@ decode-only step times, and the overload rule on hand-written queues."""
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.instance.timeline import TIMELINE_COLUMNS, Timeline
-from sim.observe.metrics import request_frame, summarize
+from sim.observe.metrics import Columns, mean, request_columns, summarize
 from sim.workload.requests import Requests
 
 NAN = float("nan")
@@ -21,7 +23,7 @@ def test_throughput_and_latency_count_finished_requests_only():
         prompt_tokens=np.array([100, 200, 5000]),
         output_tokens=np.array([10, 20, 500]),
     )
-    frame = request_frame(
+    frame = request_columns(
         requests,
         scheduled_s=np.array([0.5, 1.5, NAN]),
         first_token_s=np.array([1.0, 2.0, NAN]),
@@ -29,8 +31,8 @@ def test_throughput_and_latency_count_finished_requests_only():
         preemptions=np.array([0, 1, 0]),
         reject_reason={2: "too long"},
     )
-    assert frame.status.tolist() == ["finished", "finished", "rejected"]
-    assert frame.tpot_s[:2].tolist() == pytest.approx([2.0 / 9, 4.0 / 19])
+    assert frame["status"].tolist() == ["finished", "finished", "rejected"]
+    assert frame["tpot_s"][:2].tolist() == pytest.approx([2.0 / 9, 4.0 / 19])
     s = summarize(frame, Timeline().to_frame(), 8.0)
     assert s["requests_finished"] == 2 and s["requests_rejected"] == 1
     assert s["rejected_reasons"] == {"too long": 1}
@@ -50,12 +52,12 @@ def timeline(**columns: list[float]) -> pd.DataFrame:
     return t.to_frame()
 
 
-def finished(arrival_s: list[float]) -> pd.DataFrame:
+def finished(arrival_s: list[float]) -> Columns:
     """A request table of requests arriving at ``arrival_s``, each finished 1 s later."""
     n = len(arrival_s)
     arrival = np.asarray(arrival_s, dtype=float)
     requests = Requests(arrival, prompt_tokens=np.full(n, 64), output_tokens=np.ones(n, int))
-    return request_frame(requests, arrival, arrival + 1, arrival + 1, np.zeros(n, int), {})
+    return request_columns(requests, arrival, arrival + 1, arrival + 1, np.zeros(n, int), {})
 
 
 def test_decode_step_times_are_those_of_the_steps_without_prefill():
@@ -103,3 +105,28 @@ def test_a_closed_batch_has_no_arrival_rate_and_is_not_overloaded():
     assert s["offered_rate_rps"] is None and s["queue_growth"] is None
     assert s["overloaded"] is False
     assert s["served_rate_rps"] == pytest.approx(3.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.floats(-1e12, 1e12, allow_nan=False), st.just(NAN)), min_size=0, max_size=300
+    )
+)
+def test_mean_is_pandas_mean_to_the_bit(values: list[float]):
+    """The summary's means (now of numpy columns) are the ones pandas gave, bit for bit:
+    NaNs skipped, the sum in pandas' order; None-worthy (NaN) when nothing is known."""
+    floats = np.asarray(values, dtype=np.float64)
+    got, want = mean(floats), pd.Series(floats).mean()
+    assert (np.isnan(got) and np.isnan(want)) or got == want
+    ints = np.arange(len(values), dtype=np.int64) * 7919 % 1000
+    if len(ints):
+        assert mean(ints) == pd.Series(ints).mean()
+
+
+def test_a_run_table_summarizes_alike_as_columns_and_as_a_dataframe():
+    """The summary reads a table's columns, however it is held: a DataFrame gives the same."""
+    requests = finished([0.0, 0.5, 1.0, 4.0])
+    steps = timeline(time_s=[0.0, 1.0, 2.0], step_s=[1.0, 1.0, 2.0], waiting=[2, 1, 0])
+    as_columns = summarize(requests, steps, 5.0)
+    assert as_columns == summarize(pd.DataFrame(requests), steps, 5.0)

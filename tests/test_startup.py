@@ -55,3 +55,57 @@ def test_a_command_that_runs_imports_what_it_needs():
     schema (pydantic) before it fails."""
     loaded = loaded_after("'trace', 'stats', 'no-such-trace.csv', '--format', 'azure'")
     assert "pydantic" in loaded
+
+
+RUN_PROBE = """
+import json, sys, types
+used = []
+class Unused(types.ModuleType):  # pandas, as a module that records what is taken from it
+    def __getattr__(self, name):
+        if not name.startswith("__"):
+            used.append(name)
+        raise AttributeError(f"pandas.{name}: used by the run")
+sys.modules["pandas"] = Unused("pandas")
+import sim.cli
+assert sim.cli.main(["run", sys.argv[1], "--out", sys.argv[2], "--quiet"]) == 0
+if sys.argv[3] == "use":  # the probe's control: asking for a DataFrame of the run uses pandas
+    from sim.run import as_frame
+    try:
+        as_frame({"a": [1]})
+    except AttributeError:
+        pass
+print(json.dumps(sorted(set(used)) + [m for m in ("tqdm",) if m in sys.modules]))
+"""
+SMALL_RUN = """
+seed: 0
+model: llama-3-8b
+hardware: h100-sxm
+workload: {kind: synthetic, num_requests: 8, arrival: {kind: poisson, rate: 4.0},
+           prompt_tokens: 256, output_tokens: 8}
+engine: {max_num_seqs: 8, max_batched_tokens: 1024}
+kv: {mode: hbm}
+"""
+
+
+def used_by_a_run(tmp_path, control: bool = False) -> list[str]:
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL_RUN)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [str(config), str(tmp_path / "run"), "use" if control else "-"]
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE, *argv],
+        capture_output=True, text=True, env=env, cwd=REPO, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_run_uses_no_pandas_nor_tqdm(tmp_path):
+    """``kvsim run`` (a synthetic workload, no progress bar) computes its summary and writes
+    its parquet files without pandas: a module that imports it eagerly but never uses it
+    costs nothing here: the probe's pandas records what is taken from it, not imports."""
+    assert used_by_a_run(tmp_path) == []
+    assert (tmp_path / "run" / "timeline.parquet").is_file()
+
+
+def test_the_run_probe_sees_pandas_used(tmp_path):
+    assert used_by_a_run(tmp_path, control=True) == ["DataFrame"]

@@ -52,9 +52,9 @@ def _cell(summary: dict, key: str | tuple[str, ...], fmt: str) -> str:
 def _hbm_cache_row(result: RunResult) -> tuple[str, str] | None:
     """In ``dram_centric`` the KV pool row shows HBM's cache of hot blocks, whose size follows
     each step's activations: its range over the run (the timeline's ``hbm_kv_pool_bytes``)."""
-    if result.config.kv.mode != "dram_centric" or not len(result.timeline):
+    cache = result.tables["timeline"]["hbm_kv_pool_bytes"]
+    if result.config.kv.mode != "dram_centric" or not len(cache):
         return None
-    cache = result.timeline["hbm_kv_pool_bytes"]
     low, high = format_bytes(float(cache.min())), format_bytes(float(cache.max()))
     return "HBM cache (dram_centric)", low if low == high else f"{low} to {high}"
 
@@ -97,8 +97,8 @@ def check_schedulable(result: RunResult, source: str) -> None:
     if summary["requests_finished"] or not summary["requests_rejected"]:
         return
     config, plan, engine = result.config, result.plan, result.config.engine
-    requests = result.requests
-    shortest = int((requests.prompt_tokens + requests.output_tokens).min())
+    requests = result.tables["requests"]
+    shortest = int((requests["prompt_tokens"] + requests["output_tokens"]).min())
     blocks = -(-(shortest - 1) // engine.block_tokens)  # its last token needs no KV
     limits: list[tuple[str, str, str]] = []  # key, what it allows, what would do
     if engine.max_model_len and shortest > engine.max_model_len:

@@ -23,16 +23,16 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.config.hardware import HardwareSpec
 from sim.config.model import ModelSpec
 from sim.config.paths import resolve_table_path
-from sim.cost.optables import VIDUR_DTYPE_BYTES, read_measurements
 from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams, gemm_seconds
 from sim.errors import KvsimError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from sim.cost.collectives import Collectives
 
 LAYER_KERNELS = {**KERNELS_PER_LAYER, "activation": 1}  # dense models: one MLP per layer
@@ -120,11 +120,15 @@ class OperatorTable:
 @lru_cache(maxsize=8)
 def _read(path: str, mtime: float) -> pd.DataFrame:
     """The long table at ``path`` (cached while the file is unchanged)."""
+    from sim.cost.optables import read_measurements  # (pandas: loaded with a table only)
+
     return read_measurements(path)
 
 
 def _rows_for(table: pd.DataFrame, model: ModelSpec, where: str, tp: int = 1) -> pd.DataFrame:
     """Rows of tensor-parallel degree ``tp`` (per-GPU shapes) measured in the model's dtype."""
+    from sim.cost.optables import VIDUR_DTYPE_BYTES
+
     if "tp" in table.columns:
         rows = table[table.tp == tp]
     elif tp == 1:

@@ -4,13 +4,16 @@ tier and link columns (the per-step path and the run-ahead path both call it).""
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.memory.blocks import DRAM, HBM, SSD
 from sim.memory.hbm_plan import HbmPlan
 from sim.memory.links import Links
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIMELINE_COLUMNS = (
     "time_s",
@@ -102,17 +105,22 @@ class Timeline:
     def __len__(self) -> int:
         return (len(self._chunks) - 1) * self.CHUNK_ROWS + self._fill if self._chunks else 0
 
-    def to_frame(self) -> pd.DataFrame:
-        """The timeline as a DataFrame (integer columns stay integers)."""
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The timeline as columns by name (integer columns as int64, the rest float64)."""
         if self._chunks:
             data = np.concatenate(self._chunks)[: len(self)]
         else:
             data = np.zeros((0, len(self.columns)))
-        frame = pd.DataFrame(data, columns=list(self.columns))
-        for column in self.columns:
-            if column not in FLOAT_COLUMNS:
-                frame[column] = frame[column].astype(np.int64)
-        return frame
+        return {
+            name: data[:, i].copy() if name in FLOAT_COLUMNS else data[:, i].astype(np.int64)
+            for i, name in enumerate(self.columns)
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """The timeline as a DataFrame (integer columns stay integers)."""
+        import pandas as pd  # (a run itself needs none: ``arrays``)
+
+        return pd.DataFrame(self.arrays())
 
 
 class LinkMarks:

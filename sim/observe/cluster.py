@@ -1,22 +1,30 @@
 """A cluster run's tables and summary: each instance's rows put together, with the instance
-(and the tier of each request's prefix hit) named, and the cross-instance invariants."""
+(and the tier of each request's prefix hit) named, and the cross-instance invariants.
+
+The tables are put together with pandas, imported here when a cluster's run ends."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from sim.cluster.cluster import Cluster
 from sim.cluster.handoff import Handoffs
 from sim.observe.invariants import InvariantViolation
-from sim.observe.metrics import request_frame, summarize, tier_summary
+from sim.observe.metrics import Columns, request_columns, summarize, tier_summary
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HIT_TIERS = np.array(["none", "hbm", "dram", "ssd", "pool"], dtype=object)  # farthest + 1
 
 
-def cluster_results(cluster: Cluster, end: float) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def cluster_results(cluster: Cluster, end: float) -> tuple[Columns, Columns, dict]:
     """Requests (``instance``, ``prefix_tier`` added), the timeline (a row per
     instance-step, ``instance`` added) and the summary (cluster totals, and ``instances``)."""
+    import pandas as pd
+
     assert cluster.dispatcher is not None
     routed = cluster.dispatcher.instance_of
     instances = cluster.instances
@@ -37,11 +45,18 @@ def cluster_results(cluster: Cluster, end: float) -> tuple[pd.DataFrame, pd.Data
     summary["instances"] = [
         _instance_summary(cluster, i, requests, timelines[i], end) for i in range(len(instances))
     ]
-    return requests, timeline, summary
+    return _columns(requests), _columns(timeline), summary
+
+
+def _columns(frame: pd.DataFrame) -> Columns:
+    """A frame's columns as numpy arrays (strings as objects)."""
+    return {str(name): frame[name].to_numpy() for name in frame.columns}
 
 
 def _requests(cluster: Cluster, routed: np.ndarray) -> pd.DataFrame:
     """Each request's row from the instance that served it."""
+    import pandas as pd
+
     rows = np.arange(len(routed))
     at = np.maximum(routed, 0)  # (every request is routed once the run is over)
 
@@ -50,7 +65,7 @@ def _requests(cluster: Cluster, routed: np.ndarray) -> pd.DataFrame:
 
     schedulers = [i.scheduler for i in cluster.instances]
     reasons = {rid: why for s in schedulers for rid, why in s.reject_reason.items()}
-    frame = request_frame(
+    own = request_columns(
         cluster.requests,
         pick([s.scheduled_s for s in schedulers]),
         pick([s.first_token_s for s in schedulers]),
@@ -58,6 +73,7 @@ def _requests(cluster: Cluster, routed: np.ndarray) -> pd.DataFrame:
         np.stack([s.preemptions for s in schedulers]).sum(axis=0),  # on both, if split
         reasons,
     )
+    frame = pd.DataFrame(own)
     farthests = np.stack([i.kv.loads.farthest for i in cluster.instances]).astype(np.int64)
     handoffs = cluster.handoffs
     prefill = routed.copy()

@@ -9,7 +9,6 @@ tier``), the file ``kvsim plot RUN --kind heatmap`` draws.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from sim.memory.blocks import TIER_NAMES
 
@@ -39,24 +38,20 @@ class HeatLog:
         tier = np.argmax(where[:, blocks], axis=0)  # the fastest tier holding it: read there
         self._chunks.append((now, blocks, counts, tier))
 
-    def frame(self) -> pd.DataFrame:
-        """The rows as ``kv_heat.parquet`` stores them."""
+    def columns(self) -> dict[str, np.ndarray]:
+        """The rows as ``kv_heat.parquet`` stores them (columns by name)."""
         if not self._chunks:
-            return pd.DataFrame(
-                {
-                    "time_s": np.zeros(0),
-                    "block": np.zeros(0, np.int64),
-                    "accesses": np.zeros(0, np.int64),
-                    "tier": np.zeros(0, object),
-                }
-            )
+            return {
+                "time_s": np.zeros(0),
+                "block": np.zeros(0, np.int64),
+                "accesses": np.zeros(0, np.int64),
+                "tier": np.zeros(0, object),
+            }
         sizes = [len(c[1]) for c in self._chunks]
         names = np.asarray(TIER_NAMES, dtype=object)
-        return pd.DataFrame(
-            {
-                "time_s": np.repeat([c[0] for c in self._chunks], sizes),
-                "block": np.concatenate([c[1] for c in self._chunks]).astype(np.int64),
-                "accesses": np.concatenate([c[2] for c in self._chunks]).astype(np.int64),
-                "tier": names[np.concatenate([c[3] for c in self._chunks])],
-            }
-        )
+        return {
+            "time_s": np.repeat([c[0] for c in self._chunks], sizes),
+            "block": np.concatenate([c[1] for c in self._chunks]).astype(np.int64),
+            "accesses": np.concatenate([c[2] for c in self._chunks]).astype(np.int64),
+            "tier": names[np.concatenate([c[3] for c in self._chunks])],
+        }

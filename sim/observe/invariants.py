@@ -28,16 +28,19 @@ rule and the state that broke it. It is a simulator bug, not a bad input.
 from __future__ import annotations
 
 import itertools
-from typing import NoReturn
+from collections import Counter
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
-import pandas as pd
 
 from sim.errors import KvsimError
 from sim.instance.instance import Instance
 from sim.instance.scheduler import FINISHED, REJECTED
 from sim.memory.blocks import DRAM, HBM
 from sim.memory.fabric import Fabric
+
+if TYPE_CHECKING:
+    from sim.observe.metrics import Table
 
 BYTES_TOLERANCE = 1e-9  # relative: float sums of a few large byte counts
 
@@ -225,7 +228,7 @@ class Invariants:
                     f"submitted {submitted:.0f}, delivered {delivered:.0f}",
                 )
 
-    def run_ended(self, requests: pd.DataFrame) -> None:
+    def run_ended(self, requests: Table) -> None:
         """Every request finished or rejected with a reason; nothing held; links drained."""
         instance = self.instance
         s, kv = instance.scheduler, instance.kv
@@ -240,7 +243,7 @@ class Invariants:
                     "a request routed elsewhere ran here",
                     f"request #{int(elsewhere[0])} (routed to {int(self.routed[elsewhere[0]])})",
                 )
-            requests = requests[here[requests.request_id.to_numpy()]]
+        status = np.asarray(requests["status"])[here[np.asarray(requests["request_id"])]]
         ended = ((s.status == FINISHED) | (s.status == REJECTED)) | ~here
         if not ended.all():
             rid = int(np.flatnonzero(~ended)[0])
@@ -260,7 +263,7 @@ class Invariants:
         held = [rid for rid, blocks in enumerate(kv.blocks) if blocks]
         if held or int(kv.table.ref[: kv.table.size].sum()):
             self.fail("blocks still referenced after the run", f"held by requests {held[:5]}")
-        statuses = requests.status.value_counts().to_dict()
+        statuses = dict(Counter(status.tolist()).most_common())
         if statuses.get("finished", 0) != len(done) or statuses.get("rejected", 0) != len(rejected):
             self.fail("the requests table disagrees with the scheduler", f"{statuses}")
         self.check_links(final=True)

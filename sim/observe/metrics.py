@@ -1,12 +1,16 @@
-"""A run's per-request table and its summary (from the timeline and the requests)."""
+"""A run's per-request table and its summary (from the timeline and the requests).
+
+Tables are columns by name (:data:`Columns`: numpy arrays; a DataFrame reads the same way),
+so a run needs no pandas; the statistics are pandas' own to the bit (:func:`mean`).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from sim.instance.instance import Instance
 from sim.kv.parts import Counters
@@ -15,15 +19,40 @@ from sim.workload.requests import Requests
 
 OVERLOAD_GROWTH = 0.1  # queue growth per request arrived above which a run is overloaded
 
+Columns = dict[str, np.ndarray]  # a table as columns by name, in order
+Table = Mapping[str, Any]  # what the summaries read: Columns, or a DataFrame
 
-def request_frame(
+
+def column(table: Table, name: str) -> np.ndarray:
+    """A column of ``table`` as a numpy array (strings as objects)."""
+    return np.asarray(table[name])
+
+
+def rows(table: Columns, keep: np.ndarray) -> Columns:
+    """The rows of ``table`` where ``keep`` (a mask or positions), in order."""
+    return {name: values[keep] for name, values in table.items()}
+
+
+def mean(values: np.ndarray) -> float:
+    """The mean of the non-NaN values (NaN if none), summed as pandas' ``Series.mean`` sums
+    them (NaNs as zeros, in float64), so the summary's figures stay the same to the bit."""
+    if values.dtype.kind == "f":
+        missing = np.isnan(values)
+        count = np.float64(values.size - int(missing.sum()))
+        total = np.where(missing, 0.0, values).sum(dtype=values.dtype)
+    else:
+        count, total = np.float64(values.size), values.sum(dtype=np.float64)
+    return float(total / count) if count > 0 else float("nan")
+
+
+def request_columns(
     requests: Requests,
     scheduled_s: np.ndarray,
     first_token_s: np.ndarray,
     finish_s: np.ndarray,
     preemptions: np.ndarray,
     reject_reason: dict[int, str],
-) -> pd.DataFrame:
+) -> Columns:
     """One row per request: times, lengths, TTFT, TPOT, E2E, preemptions, status."""
     out = requests.output_tokens
     ttft = first_token_s - requests.arrival_s
@@ -33,104 +62,117 @@ def request_frame(
     reason = np.full(len(requests), "", dtype=object)
     for rid, why in reject_reason.items():
         reason[rid] = why
-    return pd.DataFrame(
-        {
-            "request_id": np.arange(len(requests), dtype=np.int64),
-            "arrival_s": requests.arrival_s,
-            "scheduled_s": scheduled_s,
-            "first_token_s": first_token_s,
-            "finish_s": finish_s,
-            "prompt_tokens": requests.prompt_tokens,
-            "output_tokens": out,
-            "ttft_s": ttft,
-            "tpot_s": tpot,
-            "e2e_s": finish_s - requests.arrival_s,
-            "preemptions": preemptions,
-            "status": status,
-            "reject_reason": reason,
-        }
-    )
+    return {
+        "request_id": np.arange(len(requests), dtype=np.int64),
+        "arrival_s": requests.arrival_s,
+        "scheduled_s": scheduled_s,
+        "first_token_s": first_token_s,
+        "finish_s": finish_s,
+        "prompt_tokens": requests.prompt_tokens,
+        "output_tokens": out,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": finish_s - requests.arrival_s,
+        "preemptions": preemptions,
+        "status": status,
+        "reject_reason": reason,
+    }
 
 
-def _percentile(values: pd.Series, q: float) -> float | None:
-    values = values.dropna()
+def _percentile(values: np.ndarray, q: float) -> float | None:
+    values = values[~np.isnan(values)]
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def summarize(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float) -> dict:
+HBM_USED = ("hbm_weights_bytes", "hbm_reserve_bytes", "hbm_activation_bytes", "hbm_kv_bytes")
+
+
+def summarize(requests: Table, timeline: Table, sim_time_s: float) -> dict:
     """The figures of ``summary.json`` (latency percentiles over finished requests)."""
-    done = requests[requests.status == "finished"]
-    hbm_used = timeline[
-        ["hbm_weights_bytes", "hbm_reserve_bytes", "hbm_activation_bytes", "hbm_kv_bytes"]
-    ].sum(axis=1)
+    status, reason = column(requests, "status"), column(requests, "reject_reason")
+    done = status == "finished"
+    steps = len(column(timeline, "time_s"))
     span = sim_time_s if sim_time_s > 0 else float("nan")
+    finished = int(done.sum())
     summary: dict = {
-        "requests_finished": len(done),
-        "requests_rejected": int((requests.status == "rejected").sum()),
-        "rejected_reasons": dict(Counter(requests.reject_reason[requests.reject_reason != ""])),
-        "output_tokens_per_s": float(done.output_tokens.sum() / span),
-        "input_tokens_per_s": float(done.prompt_tokens.sum() / span),
-        "requests_per_s": float(len(done) / span),
+        "requests_finished": finished,
+        "requests_rejected": int((status == "rejected").sum()),
+        "rejected_reasons": dict(Counter(reason[reason != ""].tolist())),
+        "output_tokens_per_s": float(column(requests, "output_tokens")[done].sum() / span),
+        "input_tokens_per_s": float(column(requests, "prompt_tokens")[done].sum() / span),
+        "requests_per_s": float(finished / span),
     }
     for metric in ("ttft", "tpot", "e2e"):
-        column = done[f"{metric}_s"]
-        summary[f"{metric}_mean_s"] = float(column.mean()) if column.notna().any() else None
+        values = column(requests, f"{metric}_s")[done]
+        known = bool((~np.isnan(values)).any())
+        summary[f"{metric}_mean_s"] = mean(values) if known else None
         for q in (50, 90, 99):
-            summary[f"{metric}_p{q}_s"] = _percentile(column, q)
+            summary[f"{metric}_p{q}_s"] = _percentile(values, q)
         if metric == "tpot":
             summary.update(decode_steps(timeline))
+    summary.update(_memory(timeline, steps))
     summary.update(
-        hbm_peak_bytes=float(hbm_used.max()) if len(timeline) else 0.0,
-        hbm_kv_peak_bytes=float(timeline.hbm_kv_bytes.max()) if len(timeline) else 0.0,
-        kv_pool_bytes=float(timeline.hbm_kv_pool_bytes.iloc[0]) if len(timeline) else 0.0,
-        preemptions=int(requests.preemptions.sum()),
-        steps=len(timeline),
-        mean_batch_size=float(timeline.batch_size.mean()) if len(timeline) else 0.0,
+        preemptions=int(column(requests, "preemptions").sum()),
+        steps=steps,
+        mean_batch_size=mean(column(timeline, "batch_size")) if steps else 0.0,
         sim_time_s=float(sim_time_s),
     )
     summary.update(overload(requests, timeline, sim_time_s))
     return summary
 
 
-def goodput(
-    requests: pd.DataFrame, sim_time_s: float, ttft: float | None, tpot: float | None
-) -> dict:
+def _memory(timeline: Table, steps: int) -> dict:
+    """HBM's peak use (weights, reserve, activations, KV), KV's peak and the KV pool."""
+    if not steps:
+        return {"hbm_peak_bytes": 0.0, "hbm_kv_peak_bytes": 0.0, "kv_pool_bytes": 0.0}
+    used = column(timeline, HBM_USED[0])
+    for name in HBM_USED[1:]:
+        used = used + column(timeline, name)
+    return {
+        "hbm_peak_bytes": float(used.max()),
+        "hbm_kv_peak_bytes": float(column(timeline, "hbm_kv_bytes").max()),
+        "kv_pool_bytes": float(column(timeline, "hbm_kv_pool_bytes")[0]),
+    }
+
+
+def goodput(requests: Table, sim_time_s: float, ttft: float | None, tpot: float | None) -> dict:
     """Requests that finished within both targets (a missing target always holds; a request
     with one output token has no TPOT and meets any): per second of simulated time
     (``goodput_rps``) and as a share of all requests, rejected ones included
     (``slo_attainment``)."""
-    met = (requests.status == "finished").to_numpy().copy()
+    met = column(requests, "status") == "finished"
     if ttft is not None:
-        met &= (requests.ttft_s <= ttft).to_numpy()
+        met &= column(requests, "ttft_s") <= ttft
     if tpot is not None:
-        met &= (requests.tpot_s.isna() | (requests.tpot_s <= tpot)).to_numpy()
-    good = int(met.sum())
+        tpots = column(requests, "tpot_s")
+        met &= np.isnan(tpots) | (tpots <= tpot)
+    good, count = int(met.sum()), len(met)
     return {
         "goodput_rps": good / sim_time_s if sim_time_s > 0 else None,
-        "slo_attainment": good / len(requests) if len(requests) else None,
+        "slo_attainment": good / count if count else None,
     }
 
 
-def decode_steps(timeline: pd.DataFrame) -> dict:
+def decode_steps(timeline: Table) -> dict:
     """Step time of the decode-only steps (no prefill token in the batch): mean, p50, p99.
 
     TPOT also pays for the prefill chunks that share a decoding request's steps; these steps
     show what decoding alone costs."""
-    steps = timeline.step_s[timeline.prefill_tokens == 0]
+    steps = column(timeline, "step_s")[column(timeline, "prefill_tokens") == 0]
     return {
-        "decode_step_mean_s": float(steps.mean()) if len(steps) else None,
+        "decode_step_mean_s": mean(steps) if len(steps) else None,
         "decode_step_p50_s": _percentile(steps, 50),
         "decode_step_p99_s": _percentile(steps, 99),
     }
 
 
-def overload(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float) -> dict:
+def overload(requests: Table, timeline: Table, sim_time_s: float) -> dict:
     """Offered and served request rates, and whether the run is overloaded: its waiting queue
     grew with the arrivals (``queue_growth`` above :data:`OVERLOAD_GROWTH`). A closed batch
     (every request arrives at one instant) has no arrival rate and is never overloaded."""
-    arrival = requests.arrival_s.to_numpy()
+    arrival = column(requests, "arrival_s")
     span = float(arrival.max() - arrival.min()) if len(arrival) else 0.0
-    finished = int((requests.status == "finished").sum())
+    finished = int((column(requests, "status") == "finished").sum())
     growth = queue_growth(arrival, timeline) if span > 0 else None
     return {
         "overloaded": growth is not None and growth > OVERLOAD_GROWTH,
@@ -140,7 +182,7 @@ def overload(requests: pd.DataFrame, timeline: pd.DataFrame, sim_time_s: float) 
     }
 
 
-def queue_growth(arrival: np.ndarray, timeline: pd.DataFrame) -> float:
+def queue_growth(arrival: np.ndarray, timeline: Table) -> float:
     """How much the waiting queue grew over the arrival period, per request arrived: the
     time-mean of ``waiting`` over the period's second half minus that over its first half,
     over the requests that arrived in the second half.
@@ -150,8 +192,8 @@ def queue_growth(arrival: np.ndarray, timeline: pd.DataFrame) -> float:
     """
     start, end = float(arrival.min()), float(arrival.max())
     mid = (start + end) / 2
-    starts = timeline.time_s.to_numpy(dtype=np.float64)
-    waiting = timeline.waiting.to_numpy(dtype=np.float64)
+    starts = column(timeline, "time_s").astype(np.float64, copy=False)
+    waiting = column(timeline, "waiting").astype(np.float64, copy=False)
     rise = _time_mean(starts, waiting, mid, end) - _time_mean(starts, waiting, start, mid)
     return rise / int(np.count_nonzero(arrival > mid))
 

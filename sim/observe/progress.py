@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
-from tqdm import tqdm
 
 from sim.instance.instance import Instance
 from sim.instance.scheduler import FINISHED, REJECTED
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 DELAY_S = 3.0  # runs shorter than this draw nothing
 REDRAW_S = 0.25  # at most four redraws a second
@@ -88,6 +90,8 @@ class RunProgress:
         done = int(np.count_nonzero((status == FINISHED) | (status == REJECTED)))
         postfix = f"simulated {self.instance.env.now:,.1f} s"
         if self.bar is None:
+            from tqdm import tqdm  # (loaded when a bar is first drawn)
+
             self.bar = tqdm(
                 total=len(status), initial=done, desc="simulating", unit="req",
                 postfix=postfix, file=self.stream, leave=False, dynamic_ncols=True,

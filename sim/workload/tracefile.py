@@ -13,13 +13,15 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from sim.config.workload import TraceSource
 from sim.errors import KvsimError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def read_raw(path: Path, reader: str, skip_bad: bool) -> RawRows:
 
 def read_jsonl(path: Path) -> RawRows:
     """One JSON object per line; blank lines are ignored."""
+    import pandas as pd  # (here, not at import: a run without a trace needs none)
+
     lines = [line.strip() for line in path.read_bytes().split(b"\n")]
     lengths = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
     line_no = np.flatnonzero(lengths > 0) + 1
@@ -117,6 +121,8 @@ def read_jsonl(path: Path) -> RawRows:
 
 def _read_jsonl_slowly(texts: list[bytes], line_no: np.ndarray) -> RawRows:
     """Parse line by line, recording the lines that are not one JSON object."""
+    import pandas as pd
+
     records, good, bad = [], [], []
     for line, text in zip(line_no.tolist(), texts, strict=True):
         try:
@@ -139,6 +145,8 @@ _SKIPPED = re.compile(r"Skipping line (\d+)")
 
 def read_csv(path: Path, skip_bad: bool) -> RawRows:
     """A CSV with a header line; fully empty rows (blank lines) are dropped."""
+    import pandas as pd
+
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from sim.errors import KvsimError
 from sim.workload.hashing import offsets_of
 from sim.workload.tracefile import Layout, RawRows, flatten_lists, int_lists, read_raw
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
 SKIP_HINT = "set on_bad_rows: skip to skip bad rows"
@@ -187,12 +190,16 @@ def _require_column(path: Path, layout: Layout, frame: pd.DataFrame, name: str) 
 
 def _sessions(column: pd.Series) -> np.ndarray:
     """Session ids as int64 codes in order of first appearance (-1: missing)."""
+    import pandas as pd  # (with a trace read: a run without one needs no pandas)
+
     codes, _ = pd.factorize(column, use_na_sentinel=True)
     return codes.astype(np.int64)
 
 
 def _times(column: pd.Series, layout: Layout, bad: BadRows) -> np.ndarray:
     """Timestamps in seconds (any origin); bad values become 0 and are marked bad."""
+    import pandas as pd
+
     if layout.time_unit == "datetime":
         parsed = pd.to_datetime(column, format="ISO8601", errors="coerce")
         if isinstance(parsed.dtype, pd.DatetimeTZDtype):
@@ -211,6 +218,8 @@ def _times(column: pd.Series, layout: Layout, bad: BadRows) -> np.ndarray:
 
 def _tokens(frame: pd.DataFrame, name: str, bad: BadRows, allow_zero: bool) -> np.ndarray:
     """A token-count column as int64; bad values become 1 and are marked bad."""
+    import pandas as pd
+
     column = frame[name]
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     with np.errstate(invalid="ignore"):
