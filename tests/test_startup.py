@@ -107,5 +107,15 @@ def test_a_run_uses_no_pandas_nor_tqdm(tmp_path):
     assert (tmp_path / "run" / "timeline.parquet").is_file()
 
 
+def test_a_synthetic_run_never_imports_pandas(tmp_path):
+    """Not even a module of the engine imports pandas eagerly: a synthetic ``kvsim run``
+    (no trace file to parse) ends with no pandas nor matplotlib in the interpreter."""
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL_RUN)
+    loaded = loaded_after(f"'run', {str(config)!r}, '--out', {str(tmp_path / 'run')!r}, '--quiet'")
+    assert "simpy" in loaded  # the probe did run the engine
+    assert [m for m in ("pandas", "matplotlib", "tqdm") if m in loaded] == []
+
+
 def test_the_run_probe_sees_pandas_used(tmp_path):
     assert used_by_a_run(tmp_path, control=True) == ["DataFrame"]

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import islice
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from policies.base import PrefetchPolicy, PrefetchView
 from policies.registry import make_prefetch
 from sim.kv.parts import KvParts
 from sim.memory.blocks import DRAM, HBM
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Queue(Protocol):
