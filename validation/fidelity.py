@@ -32,6 +32,7 @@ from sim.run import simulate
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
 
 # Held out by the project (never used for anything) and fit-only sources (never test rows).
+# vLLM PR #2031's block counts are a check in tests/test_hbm_plan.py, never fitted: test rows.
 FORBIDDEN_SOURCES = (
     "llm-inference-bench",  # argonne-lcf LLM-Inference-Bench results
     "argonne-lcf",
@@ -42,7 +43,7 @@ FORBIDDEN_SOURCES = (
 )
 FIT_ONLY_SOURCES = tuple(
     f"github.com/vllm-project/vllm/{kind}/{n}"
-    for n in (10511, 12126, 17122, 2031)
+    for n in (10511, 12126, 17122)
     for kind in ("pull", "issues")
 )
 
@@ -199,8 +200,11 @@ def row_config(row: pd.Series) -> dict:
 def capacity_config(row: pd.Series) -> dict:
     """The config of a KV-capacity row: the engine as it started (``batch`` = ``max_num_seqs``,
     ``input_tokens`` = the tokens of its profiling batch, ``max_num_batched_tokens``; the
-    row's ``settings`` add the utilisation) and one one-token request, enough to plan HBM."""
-    config = row_config(row)
+    row's ``settings`` add the utilisation) and one one-token request, enough to plan HBM.
+    The row's ``output_tokens`` (empty: a start-up has none) is not read."""
+    startup = row.copy()
+    startup["output_tokens"] = 1
+    config = row_config(startup)
     config["engine"].update(max_batched_tokens=int(row["input_tokens"]))
     config["workload"].update(num_requests=1, prompt_tokens=16, output_tokens=1)
     return config
