@@ -38,6 +38,7 @@ UNIT_OF = {
     "kv_load_time": {"s", "ms"},
     "kv_capacity_blocks": {"blocks"},
     "kv_capacity_tokens": {"tokens"},
+    "kv_max_concurrency": {"x"},
 }
 
 
@@ -213,6 +214,18 @@ def test_a_capacity_row_plans_the_engine_it_describes_and_reads_the_pool():
     row["metric"], row["unit"] = "kv_capacity_blocks", "blocks"
     row["settings"] = "engine.kv_pool_blocks=1234"
     assert fidelity.predict(row) == 1234
+
+
+def test_a_concurrency_row_is_the_pool_in_sequences_of_the_max_model_len():
+    # vLLM: "Maximum concurrency for 32,768 tokens per request: Cx", C = pool tokens / 32768
+    row = _row(metric="kv_capacity_tokens", unit="tokens", batch=256, input_tokens=2048,
+               output_tokens="", settings="engine.max_model_len=32768")  # fmt: skip
+    tokens = fidelity.predict(row)
+    row["metric"], row["unit"] = "kv_max_concurrency", "x"
+    assert fidelity.predict(row) == tokens / 32768
+    # without a max_model_len it is the model's context_length (Llama-3-8B: 8192)
+    row["settings"] = ""
+    assert fidelity.predict(row) == tokens / 8192
 
 
 def test_the_load_trace_computes_a_prefix_then_other_content_then_the_prefix_again(tmp_path):
