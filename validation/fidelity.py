@@ -27,11 +27,13 @@ import numpy as np
 import pandas as pd
 
 from sim.config.loader import build_config
+from sim.memory.hbm_plan import max_model_len
 from sim.run import simulate
 
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
 
 # Held out by the project (never used for anything) and fit-only sources (never test rows).
+# vLLM PR #2031's block counts are a check in tests/test_hbm_plan.py, never fitted: test rows.
 FORBIDDEN_SOURCES = (
     "llm-inference-bench",  # argonne-lcf LLM-Inference-Bench results
     "argonne-lcf",
@@ -42,7 +44,7 @@ FORBIDDEN_SOURCES = (
 )
 FIT_ONLY_SOURCES = tuple(
     f"github.com/vllm-project/vllm/{kind}/{n}"
-    for n in (10511, 12126, 17122, 2031)
+    for n in (10511, 12126, 17122)
     for kind in ("pull", "issues")
 )
 
@@ -54,12 +56,20 @@ METRICS = {
     "itl": "time",  # mean time between output tokens of a request alone
     "kv_capacity_blocks": "blocks",  # KV blocks of the start-up memory plan (vLLM "# GPU blocks")
     "kv_capacity_tokens": "tokens",  # the same in tokens (vLLM V1 "GPU KV cache size")
+    "kv_max_concurrency": "concurrency",  # the pool over max_model_len ("Maximum concurrency")
     "kv_load_time": "time",  # a prefix's KV loaded from CPU DRAM back into HBM
 }
 UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
-UNITS = {"tok/s": "tok/s", "s": "time", "ms": "time", "blocks": "blocks", "tokens": "tokens"}
+UNITS = {
+    "tok/s": "tok/s",
+    "s": "time",
+    "ms": "time",
+    "blocks": "blocks",
+    "tokens": "tokens",
+    "x": "concurrency",
+}
 SIMULATED = tuple(METRICS)
-CAPACITY = ("kv_capacity_blocks", "kv_capacity_tokens")
+CAPACITY = ("kv_capacity_blocks", "kv_capacity_tokens", "kv_max_concurrency")
 TRACE_BLOCK = 512  # tokens per Mooncake hash id (docs/workloads.md)
 LOAD_GAP_MS = 600_000  # arrivals of the DRAM-load runs' requests: each finishes before the next
 
@@ -199,8 +209,11 @@ def row_config(row: pd.Series) -> dict:
 def capacity_config(row: pd.Series) -> dict:
     """The config of a KV-capacity row: the engine as it started (``batch`` = ``max_num_seqs``,
     ``input_tokens`` = the tokens of its profiling batch, ``max_num_batched_tokens``; the
-    row's ``settings`` add the utilisation) and one one-token request, enough to plan HBM."""
-    config = row_config(row)
+    row's ``settings`` add the utilisation) and one one-token request, enough to plan HBM.
+    The row's ``output_tokens`` (empty: a start-up has none) is not read."""
+    startup = row.copy()
+    startup["output_tokens"] = 1
+    config = row_config(startup)
     config["engine"].update(max_batched_tokens=int(row["input_tokens"]))
     config["workload"].update(num_requests=1, prompt_tokens=16, output_tokens=1)
     return config
@@ -243,12 +256,19 @@ def _build(row: pd.Series, config: dict):
 
 
 def predict_capacity(row: pd.Series) -> float:
-    """The KV pool of the row's start-up plan, in blocks or tokens."""
+    """The KV pool of the row's start-up plan, in blocks or tokens, or in sequences of the
+    max_model_len (vLLM's "Maximum concurrency for N tokens per request: Cx")."""
     result = simulate(_build(row, capacity_config(row)))
     blocks = result.plan.pool_blocks
+    tokens = blocks * result.config.engine.block_tokens
     if row["metric"] == "kv_capacity_blocks":
         return float(blocks)
-    return float(blocks * result.config.engine.block_tokens)
+    if row["metric"] == "kv_max_concurrency":
+        longest = max_model_len(result.config)[1]
+        if not longest:
+            raise RuntimeError(f"row {row['id']}: no engine.max_model_len or context_length")
+        return tokens / longest
+    return float(tokens)
 
 
 def predict_load(row: pd.Series) -> float:
@@ -367,7 +387,8 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         "each rerun as the benchmark ran it: N identical requests arriving at once with "
         "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), one "
         "request alone (concurrency 1; a long prefill is one such request), the KV pool of the "
-        "engine's start-up plan (vLLM's `# GPU blocks`), or a prefix loaded back from CPU "
+        "engine's start-up plan (vLLM's `# GPU blocks` or its `Maximum concurrency`), or a "
+        "prefix loaded back from CPU "
         "DRAM (two offload runs of a three-request trace, the prefix evicted to DRAM in one "
         "and kept in HBM in the other). Error = predicted / measured - 1: for a time, "
         "positive means kvsim is slower than the engine; for a throughput or a capacity, "
