@@ -12,6 +12,8 @@ class Queue(Protocol):
     def __len__(self) -> int: ...
     def pop_oldest(self) -> int: ...
     def push(self, key: int) -> None: ...
+    def popitem(self, last: bool = True) -> tuple[int, None]: ...  # last=False: the oldest
+    def __setitem__(self, key: int, value: None) -> None: ...  # push
 
 
 class Fifo(OrderedDict[int, None]):
@@ -44,4 +46,14 @@ class Shadow:
 
     def push(self, key: int) -> None:
         """Append ``key`` to the virtual queue."""
+        self._tail.append(key)
+
+    def popitem(self, last: bool = True) -> tuple[int, None]:
+        """``(pop_oldest(), None)``: a ``Fifo``'s ``popitem(False)`` (only the oldest)."""
+        if last:
+            raise NotImplementedError("a shadow queue pops only its oldest key")
+        return self.pop_oldest(), None
+
+    def __setitem__(self, key: int, value: None) -> None:
+        """:meth:`push` ``key`` (a ``Fifo``'s ``queue[key] = None``)."""
         self._tail.append(key)

@@ -84,6 +84,27 @@ class S3FIFO(EvictionPolicy):
             self.small.push(key)
         self.freq[key] = 0
 
+    def on_insert_many(self, keys: np.ndarray | list[int], now: float = 0.0) -> None:
+        """:meth:`on_insert` each of ``keys`` (new ones), in order; in one go when each
+        enters S (after the first eviction, no ghost hit)."""
+        keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+        if self._ghost_hit or not self._evicted:
+            for key in keys:
+                self.on_insert(key, now)
+            return
+        self._version += len(keys)
+        small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
+        if ghost.keys().isdisjoint(keys):
+            small.update(dict.fromkeys(keys))  # (in order, as one push each)
+        else:
+            for key in keys:
+                if key in ghost:
+                    del ghost[key]
+                    main.push(key)
+                else:
+                    small.push(key)
+        freq.update(dict.fromkeys(keys, 0))
+
     def on_access(self, key: int, now: float = 0.0) -> None:
         """Count the hit (capped at 3)."""
         self._version += 1
@@ -111,6 +132,15 @@ class S3FIFO(EvictionPolicy):
         (self.small if self._held.pop(key) else self.main).push(key)
         self.freq[key] = min(self.freq[key] + 1, 3)
 
+    def on_release_many(self, keys: list[int], now: float = 0.0) -> None:
+        """:meth:`on_release` each of ``keys`` (held ones), in order."""
+        self._version += len(keys)
+        held, small, main, freq = self._held, self.small, self.main, self.freq
+        for key in keys:
+            (small if held.pop(key) else main)[key] = None
+            count = freq[key]
+            freq[key] = count + 1 if count < 3 else 3
+
     def on_evict(self, key: int) -> None:
         """Apply the planned steps up to ``key``; a victim from S enters the ghost."""
         plan = self._plan
@@ -131,11 +161,18 @@ class S3FIFO(EvictionPolicy):
             return super().evict(n, pinned)
         self._plan = None
         out: list[int] = []
-        while len(out) < n:
-            key, from_small = self._step(self.small, self.main, self.freq, _never)
+        step, forget, small, main, freq = (
+            self._step,
+            self._forget_victim,
+            self.small,
+            self.main,
+            self.freq,
+        )
+        for _ in range(n):
+            key, from_small = step(small, main, freq, _never)
             if key is None:  # both queues empty: the step changed nothing
                 break
-            self._forget_victim(key, from_small)
+            forget(key, from_small)
             out.append(key)
         return out
 
@@ -144,9 +181,10 @@ class S3FIFO(EvictionPolicy):
         del self.freq[key]
         self._evicted = True
         if from_small and self.ghost_size > 0:
-            self.ghost.push(key)
-            if len(self.ghost) > self.ghost_size:
-                self.ghost.pop_oldest()
+            ghost = self.ghost
+            ghost[key] = None
+            if len(ghost) > self.ghost_size:
+                ghost.popitem(False)
 
     def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
         """Run ``n`` eviction steps on shadows of S and M; remember the plan."""
@@ -178,24 +216,25 @@ class S3FIFO(EvictionPolicy):
     ) -> tuple[int | None, bool]:
         """One eviction step: (victim or None, whether it came from S)."""
         main_first = len(main) > self.main_size or len(small) == 0
+        # (popitem and item assignment: a Fifo's own C calls, no wrapper call per key)
         for from_small in (False, True) if main_first else (True, False):
             if from_small:
                 for _ in range(len(small)):
-                    key = small.pop_oldest()
+                    key = small.popitem(False)[0]
                     if freq[key] >= self.threshold:
                         freq[key] = 0
-                        main.push(key)
+                        main[key] = None
                     elif is_pinned(key):
-                        small.push(key)
+                        small[key] = None
                     else:
                         return key, True
             else:
                 for _ in range(4 * len(main)):  # counts <= 3: four rounds reach every count 0
-                    key = main.pop_oldest()
+                    key = main.popitem(False)[0]
                     count = freq[key]
                     if count > 0 or is_pinned(key):
                         freq[key] = max(min(count, 3) - 1, 0)
-                        main.push(key)
+                        main[key] = None
                     else:
                         return key, False
         return None, False

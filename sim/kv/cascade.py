@@ -52,38 +52,63 @@ class Cascade:
         self.demote_many(tier.evict(n - tier.free_slots, pinned), tier)
 
     def insert(self, tier: Tier, b: int) -> bool:
-        """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made."""
-        if tier.available < 1:
-            return False
-        self.make_room(tier, 1)
+        """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made
+        (:meth:`make_room` for one: in a full tier, one victim)."""
+        if tier.resident >= tier.capacity:
+            if not tier.evictable:
+                return False
+            if tier.index == HBM:
+                self.make_room(tier, 1)
+            else:
+                for v in tier.evict(1):
+                    self.demote(v, tier)
         tier.add(b, self.clock.now, evictable=True)
         return True
+
+    def insert_each(self, tier: Tier, blocks: list[int], link: str) -> None:
+        """:meth:`insert` each of ``blocks`` not resident in ``tier`` at its turn, in order,
+        each copy queued on ``link`` (not blocking) as it goes in.
+
+        NOTE: "at its turn": an earlier one's victim may be a later one (then copied back).
+        The first copy is queued at once (it places the link in the queue's order), the
+        others' float sum after the loop (:meth:`CopyQueue.add_each`: the same sum).
+        """
+        where, insert, done = self.table.where[tier.index], self.insert, 0
+        for b in blocks:
+            if not where[b] and insert(tier, b):
+                if not done:
+                    self.copies.add(link, tier.block_bytes, blocking=False)
+                done += 1
+        if done > 1:
+            self.copies.add_each(link, tier.block_bytes, done - 1, blocking=False)
 
     def demote(self, b: int, tier: Tier) -> None:
         """After ``b`` was evicted from ``tier``: copy it down if worth keeping, else forget it."""
         t = self.table
         if t.owner[b] < 0:  # already dropped: room made below for an earlier victim took it
             return
-        if tier.index == HBM and self.mode.hbm_victims([b]):
-            return
-        if tier.index == HBM and self.prefetch.active:
-            self.prefetch.forget(b)
-        if tier is self.home and t.where[HBM, b]:
+        from_hbm = tier.index == HBM
+        if from_hbm:
+            if self.mode.hbm_victims([b]):
+                return
+            if self.prefetch.active:
+                self.prefetch.forget(b)
+        where = t.where
+        if tier is self.home and where[HBM, b]:
             self.mode.left_home(np.array([b], dtype=np.int64))
+        cached = t.ref[b] == 0  # (and hashed: a cached prefix block, worth keeping)
         below = self.below(tier)
         if (
-            below is not None
+            cached
+            and below is not None
             and self.prefix
             and t.hash[b]
-            and t.ref[b] == 0  # a cached prefix block: worth keeping
-            and not t.where[below.index, b]
+            and not where[below.index, b]
             and self.insert(below, b)
         ):
             # an HBM slot is reused only after its copy left: that copy blocks the step
-            link = "d2h" if tier.index == HBM else "ssd_write"
-            self.copies.add(link, below.block_bytes, blocking=tier.index == HBM)
-        where = t.where
-        if not (where[HBM, b] or where[DRAM, b] or where[SSD, b]) and t.ref[b] == 0:
+            self.copies.add("d2h" if from_hbm else "ssd_write", below.block_bytes, from_hbm)
+        if cached and not (where[HBM, b] or where[DRAM, b] or where[SSD, b]):
             if self.on_lost is not None and t.hash[b]:
                 self.on_lost(t.hash[b : b + 1])
             t.drop(b)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import filterfalse
+from itertools import filterfalse, groupby
 
 import numpy as np
 
@@ -41,6 +41,12 @@ class Tier:
         # then needs no held mask, and need not skip them
         self._hooks = policy.hold_hooks
         self._held_out = policy.access_is_insert or self._hooks
+        # a hold-hooks policy that releases and inserts runs of blocks in one call each
+        self._bulk_hooks = (
+            self._hooks
+            and not self._positions
+            and _has(policy, "on_release_many", "on_insert_many")
+        )
 
     @property
     def free_slots(self) -> int:
@@ -146,6 +152,9 @@ class Tier:
         """
         many = getattr(self.policy, "on_insert_many", None)
         keys = blocks.tolist()
+        if self._bulk_hooks:
+            self._release_or_insert(keys, now)
+            return
         held = list(self.held.intersection(keys)) if self.held else []
         if many is None or self._positions or self._hooks or (held and not self._held_out):
             for b in keys:
@@ -158,6 +167,29 @@ class Tier:
         if new:
             self.evictable.update(new)
             many(np.asarray(new, dtype=np.int64), now)
+
+    def _release_or_insert(self, keys: list[int], now: float) -> None:
+        """:meth:`make_evictable_many` for a policy with hold hooks and ``on_insert_many``:
+        each run of held keys released in one call, each run of new ones inserted in one."""
+        held, evictable, policy = self.held, self.evictable, self.policy
+        if held.isdisjoint(keys):
+            new = list(filterfalse(evictable.__contains__, keys))
+            if new:
+                evictable.update(new)
+                policy.on_insert_many(new, now)  # type: ignore[attr-defined]
+            return
+        kind = lambda b: 2 if b in held else int(b not in evictable)  # noqa: E731
+        for k, group in groupby(keys, kind):
+            if k == 0:  # evictable already: nothing to do
+                continue
+            run = list(group)
+            evictable.update(run)
+            if k == 2:
+                held.difference_update(run)
+                self._held_mask[run] = False
+                policy.on_release_many(run, now)  # type: ignore[attr-defined]
+            else:
+                policy.on_insert_many(run, now)  # type: ignore[attr-defined]
 
     def pin_many(self, blocks: list[int]) -> None:
         """:meth:`pin` each of ``blocks`` (distinct), in order."""
@@ -254,3 +286,8 @@ class Tier:
             self.table.where[self.index, victims] = False
         self.resident -= len(victims)
         return victims
+
+
+def _has(policy: EvictionPolicy, *methods: str) -> bool:
+    """Whether ``policy`` defines each of ``methods``."""
+    return all(hasattr(policy, name) for name in methods)

@@ -1,0 +1,195 @@
+"""Offload write-through in bulk (``OffloadMode.register``: the blocks registered at once, then
+``Cascade.insert_each``) equals the loop that registers and copies one block at a time, kept
+here as the reference with the single-block calls it made (``Cascade.insert`` through
+``make_room``, S3-FIFO's inserts and releases one call each).
+
+The withdrawn bulk path (commits c4177e7, ea059f3) chose the blocks to copy before the
+first copy: a block of the batch already in DRAM was skipped, though an earlier copy's
+eviction could take it out of DRAM before its turn, and the loop then copied it back. Such a
+block can be in DRAM while its request computes it: an id recycled from a block that an SSD
+eviction dropped while a copy of it was going down to DRAM
+(``test_a_block_evicted_before_its_turn`` builds the case by hand).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.fifo import FIFO
+from policies.s3fifo import S3FIFO
+from sim.kv.cascade import Cascade
+from sim.kv.copies import CopyQueue
+from sim.kv.modes.offload import OffloadMode
+from sim.memory.blocks import DRAM, HBM, SSD, BlockTable
+from sim.memory.tiers import Tier
+from tests.test_bulk_paths import _engine, kv_state
+
+POLICIES = ["s3fifo", "lru", "fifo", "arc", "lfu", "sieve", "gds", "length_aware", "heat"]
+
+
+def loop_register(self: OffloadMode, blocks, hashes, start, end) -> None:
+    """The per-block write-through (register, then copy to DRAM), as before the bulk path."""
+    kv = self.kv
+    if kv.config.kv.write_policy != "write_through":
+        kv.table.register_many(blocks[start:end], hashes[start:end])
+        return
+    table, dram = kv.table, kv.tiers[DRAM]
+    for i in range(start, end):
+        b = blocks[i]
+        table.register(b, int(hashes[i]))
+        if not table.where[DRAM, b] and table.hash[b] and kv.cascade.insert(dram, b):
+            kv.copies.add("d2h", dram.block_bytes, blocking=False)
+
+
+def ref_insert(self: Cascade, tier: Tier, b: int) -> bool:
+    """``Cascade.insert`` as it was: room made by ``make_room`` for one block."""
+    if tier.available < 1:
+        return False
+    self.make_room(tier, 1)
+    tier.add(b, self.clock.now, evictable=True)
+    return True
+
+
+def _reference(m: pytest.MonkeyPatch) -> None:
+    """Every single-block call the bulk write-through and release replace."""
+    m.setattr(OffloadMode, "register", loop_register)
+    m.setattr(Cascade, "insert", ref_insert)
+    m.delattr(S3FIFO, "on_insert_many")
+    m.delattr(S3FIFO, "on_release_many")
+
+
+def _run(case: tuple, seed: int, reference: bool):
+    """One whole run (bulk or reference): its result and the manager's state at the end."""
+    calls = []
+    with pytest.MonkeyPatch.context() as m:
+        if reference:
+            _reference(m)
+        else:
+            real = Cascade.insert_each
+
+            def counting(self, tier, blocks, link):
+                calls.append(len(blocks))
+                real(self, tier, blocks, link)
+
+            m.setattr(Cascade, "insert_each", counting)
+        engine = _engine(*case, seed=seed)
+        result = engine.run()
+        result.summary.pop("wall_time_s")
+        return result, kv_state(engine.kv), calls
+
+
+CASES = st.tuples(
+    st.just("offload"),
+    st.sampled_from(POLICIES),
+    st.sampled_from([30, 60, 150]),  # DRAM (blocks): full early, later, or never
+    st.sampled_from([0, 20, 50]),  # SSD: none (DRAM's victims lost), small, larger
+    st.just({}),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=CASES, seed=st.integers(0, 50))
+def test_whole_runs_match_the_per_block_write_through(case, seed):
+    """The same requests, timeline, summary and final state (every block array, free-id
+    order, tier, policy order and queued copy) as the per-block loop."""
+    bulk, bulk_state, calls = _run(case, seed, reference=False)
+    loop, loop_state, _ = _run(case, seed, reference=True)
+    assert max(calls) > 1  # the bulk path ran on batches
+    pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
+    pd.testing.assert_frame_equal(bulk.timeline, loop.timeline, check_exact=True)
+    assert bulk.summary == loop.summary
+    assert bulk_state == loop_state
+
+
+@pytest.mark.parametrize("seed", [2, 6])
+def test_runs_with_a_computed_block_already_in_dram(seed):
+    """Seeds whose run registers a block that is in DRAM at its batch's start (the case
+    the withdrawn bulk path got wrong) end as the loop's runs do."""
+    case = ("offload", "lru", 60, 50, {})
+    seen = []
+    real = OffloadMode.register
+
+    def watching(self, blocks, hashes, start, end):
+        seen.extend(b for b in blocks[start:end] if self.kv.table.where[DRAM, b])
+        real(self, blocks, hashes, start, end)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(OffloadMode, "register", watching)
+        _engine(*case, seed=seed).run()
+    assert seen  # the case arises
+    bulk, bulk_state, _ = _run(case, seed, reference=False)
+    loop, loop_state, _ = _run(case, seed, reference=True)
+    pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
+    assert bulk_state == loop_state
+
+
+def _cascade(dram_blocks: int, ssd_blocks: int) -> Cascade:
+    """HBM (8 blocks), DRAM and SSD, each FIFO, over one table; no mode hooks or prefetch."""
+    table = BlockTable(initial=16)
+    tiers = [
+        Tier(i, name, blocks, 1.0, FIFO(), table)
+        for i, (name, blocks) in enumerate((("hbm", 8), ("dram", dram_blocks), ("ssd", ssd_blocks)))
+    ]
+    clock = SimpleNamespace(now=1.0)
+    cascade = Cascade(
+        table, tiers, [True, ssd_blocks > 0, False], True, CopyQueue(None, 1.0), clock
+    )
+    cascade.mode = SimpleNamespace(hbm_victims=lambda victims: False, left_home=lambda b: None)
+    cascade.prefetch = SimpleNamespace(spare=None, active=False)
+    cascade.home = tiers[HBM]
+    return cascade
+
+
+def test_a_block_evicted_before_its_turn():
+    """DRAM (2 blocks, FIFO) holds x, a block of the batch (in HBM, in use), then y (cached).
+    Copying the batch [a, x]: a evicts x (in use: not copied down, still in HBM); at x's
+    turn x is not in DRAM, so it is copied back, evicting y, which goes down to SSD."""
+    cascade = _cascade(dram_blocks=2, ssd_blocks=2)
+    t, (hbm, dram, _) = cascade.table, cascade.tiers
+    a, x, y = (t.new(owner=0, position=i, heat=0.0) for i in range(3))
+    t.register(y, 99)
+    t.ref[y] = 0
+    hbm.add_pinned([a, x])
+    dram.add(x, 0.0, evictable=True)
+    dram.add(y, 0.0, evictable=True)
+    t.register_many([a, x], np.array([11, 12], dtype=np.uint64))
+    cascade.insert_each(dram, [a, x], "d2h")
+    assert dram.policy.victims(2) == [a, x]  # x went out first, then back in after a
+    assert np.flatnonzero(t.where[SSD]).tolist() == [y]
+    assert t.where[HBM, [a, x]].all() and not t.where[HBM, y]
+    assert cascade.copies.queued == {("ssd_write", False): 1.0, ("d2h", False): 2.0}
+
+
+def test_no_copy_when_dram_is_full_of_blocks_in_use():
+    """A full DRAM with nothing evictable takes no copy (and queues none)."""
+    cascade = _cascade(dram_blocks=1, ssd_blocks=0)
+    t, (hbm, dram, _) = cascade.table, cascade.tiers
+    a, x = (t.new(owner=0, position=i, heat=0.0) for i in range(2))
+    hbm.add_pinned([a])
+    dram.add_pinned([x])
+    cascade.insert_each(dram, [a], "d2h")
+    assert not t.where[DRAM, a] and cascade.copies.queued == {}
+
+
+def test_copies_queued_in_the_loops_order():
+    """The first copy to DRAM is queued before the SSD write its second copy causes (the
+    queue's order is the transfers' start order)."""
+    cascade = _cascade(dram_blocks=2, ssd_blocks=2)
+    t, (hbm, dram, _) = cascade.table, cascade.tiers
+    old, a, b = (t.new(owner=0, position=i, heat=0.0) for i in range(3))
+    t.register(old, 7)
+    t.ref[old] = 0
+    dram.add(old, 0.0, evictable=True)
+    hbm.add_pinned([a, b])
+    t.register_many([a, b], np.array([8, 9], dtype=np.uint64))
+    cascade.insert_each(dram, [a, b], "d2h")
+    assert list(cascade.copies.queued.items()) == [
+        (("d2h", False), 2.0),
+        (("ssd_write", False), 1.0),
+    ]
