@@ -95,7 +95,7 @@ class AccessModel:
         at = picked.tolist()
         sets = self.hot.select(
             np.asarray(rids, dtype=np.int64)[picked], [seqs[i] for i in at],
-            [lists[i] for i in at], start[picked], k[picked], table,
+            [lists[i] for i in at], start[picked], k[picked], table, n[picked],
         )  # fmt: skip
         for i, blocks in zip(at, sets, strict=True):
             out[i] = blocks
