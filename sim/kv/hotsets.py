@@ -170,7 +170,7 @@ class HotSets:
         pos = pos[pos < total]
         bounds = np.zeros(len(middles) + 1, dtype=np.int64)
         np.cumsum(middles, out=bounds[1:])
-        row = np.searchsorted(bounds, pos, side="right") - 1
+        row = np.repeat(np.arange(len(middles)), np.diff(np.searchsorted(pos, bounds)))
         pos += a - bounds[row]  # the position in its row's blocks
         blocks = step.flat[pos + step.base[row]]
         scores = self.rng.random(len(blocks))
