@@ -172,12 +172,17 @@ def engine_config(seed: int, *overrides: str, **access):
 
 def test_engine_decodes_read_the_top_k_of_the_heat(monkeypatch):
     """In an engine run with shared prefixes (and prefix caching), every decode's read set
-    is its sink, the top-k of its middle by the heat the step left, and its window."""
+    is its sink, the top-k of its middle by the heat the step left, and its window; the
+    holdings' arena holds each sequence's blocks where its offset says."""
     real = AccessModel.decode_sets
-    seen = {"checked": 0}
+    seen = {"checked": 0, "arena": 0}
 
-    def checked(self, rids, seqs, lists, table):
-        got = real(self, rids, seqs, lists, table)
+    def checked(self, rids, seqs, lists, table, arena=None, offsets=None):
+        if arena is not None:
+            for s, at in zip(seqs, offsets.tolist(), strict=True):
+                assert np.array_equal(arena[at : at + len(s)], s)
+                seen["arena"] += 1
+        got = real(self, rids, seqs, lists, table, arena, offsets)
         for s, g in zip(seqs, got, strict=True):
             assert np.array_equal(g, top_k_reads(self.spec, s, table.heat))
             seen["checked"] += len(g) < len(s)
@@ -185,7 +190,7 @@ def test_engine_decodes_read_the_top_k_of_the_heat(monkeypatch):
 
     monkeypatch.setattr(AccessModel, "decode_sets", checked)
     simulate(engine_config(3, drift=0.2))
-    assert seen["checked"] > 1000
+    assert seen["checked"] > 1000 and seen["arena"] > 1000
 
 
 def test_redraws_are_one_bernoulli_draw_per_middle_block():
@@ -277,7 +282,7 @@ def test_old_and_new_models_give_the_same_hit_rate_and_stall():
     HBM access hit rate and the fetch stall time of the kept hot sets within 2% of the old
     model's (the reference above, swapped in for the step's decodes)."""
 
-    def old(self, rids, seqs, lists, table):
+    def old(self, rids, seqs, lists, table, *arena):
         return [old_decode(self.spec, self.rng, b, table.heat) for b in seqs]
 
     results = {}
@@ -373,3 +378,37 @@ def test_a_row_past_its_width_is_rebuilt_with_a_threshold():
         batch.grow(0, 1)
     assert thresholds[0] == -np.inf and thresholds[-1] > 0
     assert max(model.hot.pools.fill) <= 2 * model.hot.pool_size(2) + 16
+
+
+def test_holdings_mirrors_share_one_arena_and_old_views_keep_their_blocks():
+    """Lists grown, replaced and forgotten at random, many times past the arena's first
+    size: each request's mirror equals its list, sits in the arena at its offset, and a
+    view taken earlier still shows the blocks it showed (the arena is rebuilt, never
+    written over)."""
+    from sim.kv.reads import Holdings
+
+    rng = np.random.default_rng(41)
+    holdings = Holdings(40)
+    first_arena = holdings.arena
+    views = []
+    next_id = 0
+    for _ in range(3000):
+        rid = int(rng.integers(40))
+        action = rng.random()
+        if action < 0.05:
+            holdings.forget(rid)
+        elif action < 0.1:  # a replaced list: a prefix of another's, then its own
+            other = holdings.blocks[int(rng.integers(40))]
+            holdings.blocks[rid] = other[: len(other) // 2]
+        grow = int(rng.integers(0, 60))
+        holdings.blocks[rid].extend(range(next_id, next_id + grow))
+        next_id += grow
+        n = int(rng.integers(0, len(holdings.blocks[rid]) + 2))
+        got = holdings.first(rid, n)
+        want = holdings.blocks[rid][:n]
+        assert got.tolist() == want
+        at = int(holdings.offset[rid])
+        assert holdings.arena[at : at + len(want)].tolist() == want
+        views.append((got, list(want)))
+    assert holdings.arena is not first_arena  # the arena filled and was rebuilt
+    assert all(view.tolist() == blocks for view, blocks in views)

@@ -86,21 +86,22 @@ class HotSets:
 
     def select(
         self, rids: np.ndarray, seqs: list[np.ndarray], lists: list[list[int]],
-        start: np.ndarray, k: np.ndarray, table: BlockTable, lengths: np.ndarray | None = None,
+        start: np.ndarray, k: np.ndarray, table: BlockTable, lengths: np.ndarray,
+        flat: np.ndarray | None = None, base: np.ndarray | None = None,
     ) -> list[np.ndarray]:  # fmt: skip
         """What each sequence (row) reads after this step's redraws: its sink, the sorted
         top-k of its middle, its window.
 
-        ``seqs``: the rows' blocks (the middle is ``sink_blocks`` up to ``start``); ``lists``:
-        their block lists (a pool lives as long as its list); every row has ``k < middle``;
-        ``lengths``: the rows' block counts, if known.
+        ``seqs``: the rows' blocks (the middle is ``sink_blocks`` up to ``start``), of
+        ``lengths``, and ``flat[base[i]:]``'s start if given; ``lists``: their block lists
+        (a pool lives as long as its list); every row has ``k < middle``.
         """
         self.calls += 1
         self._fit(table.capacity, int(rids.max()) + 1)
         self.pools.fit(int(start.max()))
-        flat = np.concatenate(seqs)  # the rows' ids in one array (a copy, no per-block work)
-        base = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in seqs] if lengths is None else lengths, out=base[1:])
+        if flat is None or base is None:  # the rows' ids in one array (a copy)
+            flat, base = np.concatenate(seqs), np.zeros(len(seqs), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=base[1:])
         step = self._step = _Step(rids, seqs, flat, base, start, k)
         self._redraw(step, table.heat)
         fresh = self._stale(step, lists)
@@ -429,8 +430,8 @@ def _geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
 
 
 class _Step:
-    """One call's rows: request ids, blocks (each, and all in one array from ``base``),
-    middle ends and k."""
+    """One call's rows: request ids, blocks (each, and in one array: row ``i``'s from
+    ``flat[base[i]]``), middle ends and k."""
 
     def __init__(
         self, rids: np.ndarray, seqs: list[np.ndarray], flat: np.ndarray, base: np.ndarray,
@@ -446,9 +447,9 @@ class _Step:
 def _read_sets(step: _Step, a: int, hot: list[np.ndarray] | np.ndarray) -> list[np.ndarray]:
     """Each row's sink, its hot set and its window (rows of one array when k is one)."""
     if isinstance(hot, np.ndarray):  # one k: one gather builds every read set
-        w = int(step.base[1] - step.base[0] - step.start[0])
-        sink = step.flat[step.base[:-1, None] + np.arange(a)]
-        window = step.flat[(step.base[:-1] + step.start)[:, None] + np.arange(w)]
+        w = len(step.seqs[0]) - int(step.start[0])  # every row's window is full (k < middle)
+        sink = step.flat[step.base[:, None] + np.arange(a)]
+        window = step.flat[(step.base + step.start)[:, None] + np.arange(w)]
         return list(np.concatenate((sink, hot, window), axis=1))
     return [
         np.concatenate((s[:a], h, s[b:]))
