@@ -59,11 +59,13 @@ class HotSets:
         self.spec, self.rng = spec, rng
         self.calls = 0
         # per request: its pool's token (NONE: none), the call it was last seen at, the
-        # middle's end then, and its block list (a new list means a new pool)
+        # middle's end then, and its block list (a new list means a new pool): the list,
+        # kept alive here so that its id() names it, and that id
         self.token = np.full(0, NONE, dtype=np.int64)
         self.seen = np.full(0, NONE, dtype=np.int64)
         self.start = np.zeros(0, dtype=np.int64)
         self.lists: dict[int, list[int]] = {}
+        self.list_id = np.zeros(0, dtype=np.uint64)
         # per token: its row in the current call and its slot in ``pools`` (NONE: none)
         self.row = np.full(0, NONE, dtype=np.int64)
         self.slot = np.full(0, NONE, dtype=np.int64)
@@ -113,15 +115,11 @@ class HotSets:
         hot, full = self._hot(step, table)
         self.seen[rids], self.start[rids] = self.calls, start
         self.seen[rids[full]] = NONE  # rows too full to compact: rebuilt at the next call
-        self.lists.update(zip(step.rows, lists, strict=True))
+        for i in fresh:
+            self.lists[step.rows[i]] = lists[i]
         self._current = self.token[rids]
         if self.calls % 32 == 0:
-            keep = self.row[self.s_tok] != NONE
-            self.s_blk, self.s_pos, self.s_tok = (
-                self.s_blk[keep],
-                self.s_pos[keep],
-                self.s_tok[keep],
-            )
+            self._forget_shared()
         if self.calls % 1024 == 0:
             self._prune()
         return _read_sets(step, self.spec.sink_blocks, hot)
@@ -142,6 +140,11 @@ class HotSets:
         hot = _chosen(ps, h, kth, step.k, self.pools.fill[slots])
         return hot, self.pools.compact(slots, ps, h, t.position)
 
+    def _forget_shared(self) -> None:
+        """Drop the shared entries of pools not current."""
+        keep = self.row[self.s_tok] != NONE
+        self.s_blk, self.s_pos, self.s_tok = self.s_blk[keep], self.s_pos[keep], self.s_tok[keep]
+
     def _prune(self) -> None:
         """Forget the lists and shared sets of requests not seen at this call."""
         seen = self.seen
@@ -153,6 +156,7 @@ class HotSets:
         self.token = _grown(self.token, requests, NONE)
         self.seen = _grown(self.seen, requests, NONE)
         self.start = _grown(self.start, requests, 0)
+        self.list_id = _grown(self.list_id, requests, 0)
         self.red_mark = _grown(self.red_mark, blocks, False)
 
     def _redraw(self, step: _Step, heat: np.ndarray) -> None:
@@ -179,14 +183,16 @@ class HotSets:
         step.redrawn = (blocks, scores, row, pos)
 
     def _stale(self, step: _Step, lists: list[list[int]]) -> list[int]:
-        """Rows whose pool must be built: new, not seen at the last call, a new list, or a
+        """Rows whose pool must be built: new, not seen at the last call, a new list (by
+        id: every list of a row seen at the last call is alive in ``self.lists``), or a
         middle that moved by more than a block."""
-        rids, known = step.rids, self.lists
+        rids = step.rids
         moved = step.start - self.start[rids]
         bad = (self.token[rids] == NONE) | (self.seen[rids] != self.calls - 1)
         bad |= (moved < 0) | (moved > 1)
-        same = [known.get(r) is x for r, x in zip(step.rows, lists, strict=True)]
-        bad |= ~np.array(same, dtype=bool)
+        ids = np.fromiter(map(id, lists), dtype=np.uint64, count=len(lists))
+        bad |= ids != self.list_id[rids]
+        self.list_id[rids] = ids
         return np.flatnonzero(bad).tolist()
 
     def _mark_rows(self, step: _Step, fresh: list[int]) -> None:
