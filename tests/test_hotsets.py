@@ -113,8 +113,8 @@ def scenarios(draw):
 def test_read_sets_are_the_top_k_of_the_heat_left(case):
     """Admit (``a``, some taking another's prefix), grow (``g``), finish (``f``), step
     (``s``) and skip a step for one request (``x``): after every step each decode reads
-    the top-k of the heat the step left, and the heat of blocks outside middles is not
-    touched."""
+    the top-k of the heat the step left, the heat of blocks outside middles is not
+    touched, and the rows keep their invariants (``check_rows``)."""
     spec, events, seed = case
     batch = Batch(np.random.default_rng(seed))
     model = AccessModel(spec, np.random.default_rng(seed + 1))
@@ -149,6 +149,7 @@ def test_read_sets_are_the_top_k_of_the_heat_left(case):
                     middles.update(s[a:b].tolist())
             outside = np.setdiff1d(np.arange(batch.table.size), list(middles))
             assert np.array_equal(before[outside], batch.table.heat[outside])
+            check_rows(model, batch, rids)
             for r in rids:
                 batch.grow(r, 1)  # a decode's block fills: grow one now and then
 
@@ -171,12 +172,17 @@ def engine_config(seed: int, *overrides: str, **access):
 
 def test_engine_decodes_read_the_top_k_of_the_heat(monkeypatch):
     """In an engine run with shared prefixes (and prefix caching), every decode's read set
-    is its sink, the top-k of its middle by the heat the step left, and its window."""
+    is its sink, the top-k of its middle by the heat the step left, and its window; the
+    holdings' arena holds each sequence's blocks where its offset says."""
     real = AccessModel.decode_sets
-    seen = {"checked": 0}
+    seen = {"checked": 0, "arena": 0}
 
-    def checked(self, rids, seqs, lists, table):
-        got = real(self, rids, seqs, lists, table)
+    def checked(self, rids, seqs, lists, table, arena=None, offsets=None):
+        if arena is not None:
+            for s, at in zip(seqs, offsets.tolist(), strict=True):
+                assert np.array_equal(arena[at : at + len(s)], s)
+                seen["arena"] += 1
+        got = real(self, rids, seqs, lists, table, arena, offsets)
         for s, g in zip(seqs, got, strict=True):
             assert np.array_equal(g, top_k_reads(self.spec, s, table.heat))
             seen["checked"] += len(g) < len(s)
@@ -184,7 +190,7 @@ def test_engine_decodes_read_the_top_k_of_the_heat(monkeypatch):
 
     monkeypatch.setattr(AccessModel, "decode_sets", checked)
     simulate(engine_config(3, drift=0.2))
-    assert seen["checked"] > 1000
+    assert seen["checked"] > 1000 and seen["arena"] > 1000
 
 
 def test_redraws_are_one_bernoulli_draw_per_middle_block():
@@ -276,7 +282,7 @@ def test_old_and_new_models_give_the_same_hit_rate_and_stall():
     HBM access hit rate and the fetch stall time of the kept hot sets within 2% of the old
     model's (the reference above, swapped in for the step's decodes)."""
 
-    def old(self, rids, seqs, lists, table):
+    def old(self, rids, seqs, lists, table, *arena):
         return [old_decode(self.spec, self.rng, b, table.heat) for b in seqs]
 
     results = {}
@@ -308,3 +314,101 @@ def test_walk_drift_keeps_the_plain_model(monkeypatch):
     table = BlockTable(8)
     model.decode_sets([0, 1], [np.arange(6), np.arange(3)], [[], []], table)
     assert calls == [6, 3]
+
+
+def check_rows(model: AccessModel, batch: Batch, rids: list[int]) -> None:
+    """The rows' invariants, from the table: each row of this step's sequences holds every
+    middle block scoring at least its threshold, no block twice, nothing outside the
+    middle, and marks exactly the positions of the blocks it holds."""
+    hot, spec = model.hot, model.spec
+    for r in rids:
+        n = len(batch.lists[r])
+        start = max(min(spec.sink_blocks, n), n - spec.window_blocks)
+        if spec.topk_blocks >= start - spec.sink_blocks:
+            continue  # reads every block: no row
+        slot = int(hot.slot[hot.token[r]])
+        pools = hot.pools
+        row = pools.blk[slot, : pools.fill[slot]].tolist()
+        mid = batch.lists[r][spec.sink_blocks : start]
+        members = {b for b in mid if batch.table.heat[b] >= pools.thr[slot]}
+        assert len(set(row)) == len(row) and members <= set(row) <= set(mid)
+        held = np.flatnonzero(pools.held[slot]).tolist()
+        assert held == sorted(batch.table.position[row].tolist())
+
+
+def test_full_rows_are_compacted_and_reuse_their_room():
+    """Twelve sequences of 400 blocks, drift 0.2 (many joins a step), 200 steps: every
+    step reads the brute-force top-k and keeps the rows' invariants; rows fill and are
+    compacted (their stale entries leave) again and again, and the rows never widen
+    past the width they were built for (the room compaction frees is reused)."""
+    spec = sparse(sink_blocks=1, window_blocks=4, topk_blocks=16, drift=0.2)
+    batch = Batch(np.random.default_rng(21))
+    for rid in range(12):
+        batch.admit(rid, 400, rid - 1 if rid % 4 else None, 150)  # some shared prefixes
+    model = AccessModel(spec, np.random.default_rng(22))
+    width = 2 * model.hot.pool_size(16) + 16
+    compactions = 0
+    for _ in range(200):
+        rids = sorted(batch.lists)
+        before = model.hot.pools.fill.copy() if model.hot.calls else None
+        seqs, got = batch.step(model, rids)
+        for s, g in zip(seqs, got, strict=True):
+            assert np.array_equal(g, top_k_reads(spec, s, batch.table.heat))
+        check_rows(model, batch, rids)
+        if before is not None:
+            compactions += int((model.hot.pools.fill[: len(before)] < before - 3).sum())
+        assert model.hot.pools.blk.shape[1] <= width
+    assert compactions > 50
+
+
+def test_a_row_past_its_width_is_rebuilt_with_a_threshold():
+    """A middle no longer than its pool at the build takes every block (threshold -inf);
+    as the window slides every entering block joins, until the row passes its width and
+    is rebuilt from a scan with a real threshold. Every step reads the top-k."""
+    spec = sparse(sink_blocks=1, window_blocks=2, topk_blocks=2, drift=0.0)
+    batch = Batch(np.random.default_rng(31))
+    batch.admit(0, 12, None, 0)
+    model = AccessModel(spec, np.random.default_rng(32))
+    thresholds = []
+    for _ in range(80):
+        seqs, got = batch.step(model, [0])
+        assert np.array_equal(got[0], top_k_reads(spec, seqs[0], batch.table.heat))
+        check_rows(model, batch, [0])
+        thresholds.append(float(model.hot.pools.thr[model.hot.slot[model.hot.token[0]]]))
+        batch.grow(0, 1)
+    assert thresholds[0] == -np.inf and thresholds[-1] > 0
+    assert max(model.hot.pools.fill) <= 2 * model.hot.pool_size(2) + 16
+
+
+def test_holdings_mirrors_share_one_arena_and_old_views_keep_their_blocks():
+    """Lists grown, replaced and forgotten at random, many times past the arena's first
+    size: each request's mirror equals its list, sits in the arena at its offset, and a
+    view taken earlier still shows the blocks it showed (the arena is rebuilt, never
+    written over)."""
+    from sim.kv.reads import Holdings
+
+    rng = np.random.default_rng(41)
+    holdings = Holdings(40)
+    first_arena = holdings.arena
+    views = []
+    next_id = 0
+    for _ in range(3000):
+        rid = int(rng.integers(40))
+        action = rng.random()
+        if action < 0.05:
+            holdings.forget(rid)
+        elif action < 0.1:  # a replaced list: a prefix of another's, then its own
+            other = holdings.blocks[int(rng.integers(40))]
+            holdings.blocks[rid] = other[: len(other) // 2]
+        grow = int(rng.integers(0, 60))
+        holdings.blocks[rid].extend(range(next_id, next_id + grow))
+        next_id += grow
+        n = int(rng.integers(0, len(holdings.blocks[rid]) + 2))
+        got = holdings.first(rid, n)
+        want = holdings.blocks[rid][:n]
+        assert got.tolist() == want
+        at = int(holdings.offset[rid])
+        assert holdings.arena[at : at + len(want)].tolist() == want
+        views.append((got, list(want)))
+    assert holdings.arena is not first_arena  # the arena filled and was rebuilt
+    assert all(view.tolist() == blocks for view, blocks in views)

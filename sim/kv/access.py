@@ -72,10 +72,12 @@ class AccessModel:
         return np.concatenate((blocks[:sink], np.sort(hot), blocks[window_start:]))
 
     def decode_sets(
-        self, rids: list[int], seqs: list[np.ndarray], lists: list[list[int]], table: BlockTable
-    ) -> list[np.ndarray]:
+        self, rids: list[int], seqs: list[np.ndarray], lists: list[list[int]], table: BlockTable,
+        arena: np.ndarray | None = None, offsets: np.ndarray | None = None,
+    ) -> list[np.ndarray]:  # fmt: skip
         """The blocks each of a step's decoding sequences reads (``seqs``: each one's blocks
-        in order; ``lists``: its block list, whose identity keeps its hot set)."""
+        in order; ``lists``: its block list, whose identity keeps its hot set; ``seqs[i]``
+        is ``arena[offsets[i]:]``'s start, when given)."""
         spec = self.spec
         if self.hot is None:
             return [self.decode_blocks(b, table.heat) for b in seqs]
@@ -95,7 +97,8 @@ class AccessModel:
         at = picked.tolist()
         sets = self.hot.select(
             np.asarray(rids, dtype=np.int64)[picked], [seqs[i] for i in at],
-            [lists[i] for i in at], start[picked], k[picked], table,
+            [lists[i] for i in at], start[picked], k[picked], table, n[picked],
+            arena, None if offsets is None else offsets[picked],
         )  # fmt: skip
         for i, blocks in zip(at, sets, strict=True):
             out[i] = blocks

@@ -8,16 +8,23 @@ and selects without visiting every middle block:
 - **Redraws**: the redrawn blocks of all of a step's middles are a Bernoulli(``drift``)
   process over their concatenation; its gaps are geometric, so the positions are the cumsum
   of geometric draws (one draw a redraw), and each gets a fresh uniform score.
-- **Selection**: each sequence keeps a *pool*, its middle blocks with score at least a
-  threshold ``t`` of its own, chosen when the pool is built (a scan of the middle) so that it
-  holds about ``k + 4 sqrt(k) + 8`` blocks. Whenever the pool holds at least ``k`` blocks,
-  the top-k of the middle is the top-k of the pool. A block of one sequence only changes
-  score when that sequence redraws it, so its pool follows its own redraws (a redrawn block
-  joins or leaves by its new score) and the block entering the middle as the window slides;
-  a block shared with another running request (``ref > 1``, or taken from another's
-  prefix) may be redrawn by either, so every pool holding it in its middle keeps an entry
-  for it, tested whenever any holder redraws it. A pool that falls below ``k`` (or grows
-  far past its size) is rebuilt from a scan.
+- **Selection**: each sequence keeps a *pool* with a threshold ``t`` of its own, chosen when
+  the pool is built (a scan of the middle) so that about ``c = k + 4 sqrt(k) + 8`` middle
+  blocks score ``t`` or more. The pool is a row of fixed width (:class:`_Rows`) that holds
+  every middle block scoring at least ``t`` (its *members*), and may hold others that did
+  once (stale entries: harmless, they only take room). If at least ``k`` of the row score
+  ``t`` or more, the top-k of the middle is the top-k of the row (every block outside it
+  scores below ``t``): so the step's top-k is one gather of its rows, one partition along
+  them, and the check that each row's k-th score is at least its ``t`` (a row failing it
+  is rebuilt from a scan). A block only changes score when it is redrawn, so a row stays a
+  superset of its members if every block that comes to score ``t`` or more joins it: a
+  redrawn block joins the row of the sequence that redrew it by its new score, the block
+  entering the middle as the window slides joins by its score, and a block shared with
+  another running request (``ref > 1``, or taken from another's prefix), which either may
+  redraw, has an entry per holding pool, tested by its final score whenever any holder
+  redraws it. A block joins a row once (the row marks the middle positions it holds).
+  A row that fills is compacted (its stale entries leave); one still full after that is
+  rebuilt at the next step.
 
 Within a step every redraw lands before any sequence selects (the batch attends at once); the
 plain loop of :meth:`decode_blocks` let a sequence see a shared block's redraw by a later
@@ -52,27 +59,23 @@ class HotSets:
         self.spec, self.rng = spec, rng
         self.calls = 0
         # per request: its pool's token (NONE: none), the call it was last seen at, the
-        # middle's end then, and its block list (a new list means a new pool)
+        # middle's end then, and its block list (a new list means a new pool): the list,
+        # kept alive here so that its id() names it, and that id
         self.token = np.full(0, NONE, dtype=np.int64)
         self.seen = np.full(0, NONE, dtype=np.int64)
         self.start = np.zeros(0, dtype=np.int64)
         self.lists: dict[int, list[int]] = {}
-        # per token: its threshold, and its row in the current call (NONE: not current)
-        self.thr = np.zeros(0)
+        self.list_id = np.zeros(0, dtype=np.uint64)
+        # per token: its row in the current call and its slot in ``pools`` (NONE: none)
         self.row = np.full(0, NONE, dtype=np.int64)
+        self.slot = np.full(0, NONE, dtype=np.int64)
         self.tokens = 0
-        # per block: the token whose pool holds it as an unshared block, and shared marks
-        self.cand_of = np.full(0, NONE, dtype=np.int64)
-        self.shared = np.zeros(0, dtype=bool)
-        # the pools' entries: unshared members (block, token), valid while ``cand_of`` says
-        # so; every shared middle block (block, position, token, member)
-        self.c_blk = np.zeros(0, dtype=np.int64)
-        self.c_tok = np.zeros(0, dtype=np.int64)
+        self.pools = _Rows()
+        # every shared middle block of every pool: (block, position, token)
         self.s_blk = np.zeros(0, dtype=np.int64)
         self.s_pos = np.zeros(0, dtype=np.int64)
         self.s_tok = np.zeros(0, dtype=np.int64)
-        self.s_mem = np.zeros(0, dtype=bool)  # whether its score is at the threshold or above
-        self.red_mark = np.zeros(0, dtype=bool)  # per block: redrawn shared, this call
+        self.red_mark = np.zeros(0, dtype=bool)  # per block: redrawn, this call
         self.s_seen: dict[int, set[int]] = {}  # token -> its shared blocks
         self._current = np.zeros(0, dtype=np.int64)  # tokens with a row in this call
 
@@ -85,19 +88,22 @@ class HotSets:
 
     def select(
         self, rids: np.ndarray, seqs: list[np.ndarray], lists: list[list[int]],
-        start: np.ndarray, k: np.ndarray, table: BlockTable,
+        start: np.ndarray, k: np.ndarray, table: BlockTable, lengths: np.ndarray,
+        flat: np.ndarray | None = None, base: np.ndarray | None = None,
     ) -> list[np.ndarray]:  # fmt: skip
         """What each sequence (row) reads after this step's redraws: its sink, the sorted
         top-k of its middle, its window.
 
-        ``seqs``: the rows' blocks (the middle is ``sink_blocks`` up to ``start``); ``lists``:
-        their block lists (a pool lives as long as its list); every row has ``k < middle``.
+        ``seqs``: the rows' blocks (the middle is ``sink_blocks`` up to ``start``), of
+        ``lengths``, and ``flat[base[i]:]``'s start if given; ``lists``: their block lists
+        (a pool lives as long as its list); every row has ``k < middle``.
         """
         self.calls += 1
         self._fit(table.capacity, int(rids.max()) + 1)
-        flat = np.concatenate(seqs)  # the rows' ids in one array (a copy, no per-block work)
-        base = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in seqs], out=base[1:])
+        self.pools.fit(int(start.max()))
+        if flat is None or base is None:  # the rows' ids in one array (a copy)
+            flat, base = np.concatenate(seqs), np.zeros(len(seqs), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=base[1:])
         step = self._step = _Step(rids, seqs, flat, base, start, k)
         self._redraw(step, table.heat)
         fresh = self._stale(step, lists)
@@ -105,20 +111,39 @@ class HotSets:
         for i in fresh:
             self._build(step, i, table)
         self._entering(step, fresh, table)
-        blk, row = self._pools()
-        counts = np.bincount(row, minlength=len(k))
-        cap = 4 * (k + np.ceil(4 * np.sqrt(k)) + 8) + 64
-        redo = np.flatnonzero((counts < k) | (counts > cap)).tolist()
-        if redo:
-            for i in redo:
-                self._build(step, i, table)
-            blk, row = self._pools()
+        self.pools.flush()
+        hot, full = self._hot(step, table)
         self.seen[rids], self.start[rids] = self.calls, start
-        self.lists.update(zip(step.rows, lists, strict=True))
+        self.seen[rids[full]] = NONE  # rows too full to compact: rebuilt at the next call
+        for i in fresh:
+            self.lists[step.rows[i]] = lists[i]
         self._current = self.token[rids]
+        if self.calls % 32 == 0:
+            self._forget_shared()
         if self.calls % 1024 == 0:
             self._prune()
-        return _read_sets(step, self.spec.sink_blocks, _top_k(blk, row, table.heat, k))
+        return _read_sets(step, self.spec.sink_blocks, hot)
+
+    def _hot(self, step: _Step, t: BlockTable) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
+        """Each row's top-k (rows short of ``k`` members rebuilt first), and the rows still
+        too full after compaction."""
+        slots = self.slot[self.token[step.rids]]
+        ps, h = self.pools.gather(slots, t.heat)
+        kth = _kth(h, step.k)
+        short = np.flatnonzero(kth < self.pools.thr[slots]).tolist()
+        if short:  # fewer than k score the threshold: a scan
+            for i in short:
+                self._build(step, i, t)
+            slots = self.slot[self.token[step.rids]]
+            ps, h = self.pools.gather(slots, t.heat)
+            kth = _kth(h, step.k)
+        hot = _chosen(ps, h, kth, step.k, self.pools.fill[slots])
+        return hot, self.pools.compact(slots, ps, h, t.position)
+
+    def _forget_shared(self) -> None:
+        """Drop the shared entries of pools not current."""
+        keep = self.row[self.s_tok] != NONE
+        self.s_blk, self.s_pos, self.s_tok = self.s_blk[keep], self.s_pos[keep], self.s_tok[keep]
 
     def _prune(self) -> None:
         """Forget the lists and shared sets of requests not seen at this call."""
@@ -131,8 +156,7 @@ class HotSets:
         self.token = _grown(self.token, requests, NONE)
         self.seen = _grown(self.seen, requests, NONE)
         self.start = _grown(self.start, requests, 0)
-        self.cand_of = _grown(self.cand_of, blocks, NONE)
-        self.shared = _grown(self.shared, blocks, False)
+        self.list_id = _grown(self.list_id, requests, 0)
         self.red_mark = _grown(self.red_mark, blocks, False)
 
     def _redraw(self, step: _Step, heat: np.ndarray) -> None:
@@ -151,41 +175,52 @@ class HotSets:
         pos = pos[pos < total]
         bounds = np.zeros(len(middles) + 1, dtype=np.int64)
         np.cumsum(middles, out=bounds[1:])
-        row = np.searchsorted(bounds, pos, side="right") - 1
-        blocks = step.flat[pos + (step.base[row] + a - bounds[row])]
+        row = np.repeat(np.arange(len(middles)), np.diff(np.searchsorted(pos, bounds)))
+        pos += a - bounds[row]  # the position in its row's blocks
+        blocks = step.flat[pos + step.base[row]]
         scores = self.rng.random(len(blocks))
         heat[blocks] = scores  # a block redrawn twice keeps the last
-        step.redrawn = (blocks, scores, row)
+        step.redrawn = (blocks, scores, row, pos)
 
     def _stale(self, step: _Step, lists: list[list[int]]) -> list[int]:
-        """Rows whose pool must be built: new, not seen at the last call, a new list, or a
+        """Rows whose pool must be built: new, not seen at the last call, a new list (by
+        id: every list of a row seen at the last call is alive in ``self.lists``), or a
         middle that moved by more than a block."""
-        rids, known = step.rids, self.lists
+        rids = step.rids
         moved = step.start - self.start[rids]
         bad = (self.token[rids] == NONE) | (self.seen[rids] != self.calls - 1)
         bad |= (moved < 0) | (moved > 1)
-        same = [known.get(r) is x for r, x in zip(step.rows, lists, strict=True)]
-        bad |= ~np.array(same, dtype=bool)
+        ids = np.fromiter(map(id, lists), dtype=np.uint64, count=len(lists))
+        bad |= ids != self.list_id[rids]
+        self.list_id[rids] = ids
         return np.flatnonzero(bad).tolist()
 
     def _mark_rows(self, step: _Step, fresh: list[int]) -> None:
-        """Tokens of this call's rows map to their rows; every other token is dropped."""
-        self.row[self._current] = NONE
+        """Tokens of this call's rows map to their rows; every other token is dropped (its
+        slot freed)."""
+        current = self._current
+        self.row[current] = NONE
         tok = self.token[step.rids]
         ok = tok != NONE
         ok[fresh] = False
         self.row[tok[ok]] = np.flatnonzero(ok)
+        dead = current[(self.row[current] == NONE) & (self.slot[current] != NONE)]
+        self.pools.free.extend(self.slot[dead].tolist())
+        self.slot[dead] = NONE
 
-    def _new_token(self, rid: int, row: int, thr: float) -> int:
+    def _new_token(self, rid: int, row: int) -> int:
         tok = self.tokens
         self.tokens += 1
-        self.thr = _grown(self.thr, self.tokens, 0.0)
         self.row = _grown(self.row, self.tokens, NONE)
-        self.thr[tok], self.row[tok] = thr, row
+        self.slot = _grown(self.slot, self.tokens, NONE)
         old = self.token[rid]
         if old != NONE:
             self.row[old] = NONE
             self.s_seen.pop(int(old), None)
+            if self.slot[old] != NONE:
+                self.pools.free.append(int(self.slot[old]))
+                self.slot[old] = NONE
+        self.row[tok], self.slot[tok] = row, self.pools.take()
         self.token[rid] = tok
         return tok
 
@@ -197,16 +232,13 @@ class HotSets:
         h = t.heat[mid]
         c = self.pool_size(int(step.k[i]))
         thr = -math.inf if len(mid) <= c else float(np.partition(h, len(mid) - c)[len(mid) - c])
-        tok = self._new_token(rid, i, thr)
+        tok = self._new_token(rid, i)
+        at = np.flatnonzero(h >= thr)
+        self.pools.set(int(self.slot[tok]), mid[at], at + a, thr, c, self.spec.drift)
         own = (t.owner[mid] == rid) & (t.ref[mid] <= 1)
-        self.shared[mid] = ~own
-        mine = mid[own & (h >= thr)]
-        self.cand_of[mine] = tok
-        self.c_blk = np.concatenate((self.c_blk, mine))
-        self.c_tok = np.concatenate((self.c_tok, np.full(len(mine), tok)))
         at = np.flatnonzero(~own)
         self.s_seen[tok] = set(mid[at].tolist())
-        self._add_shared(mid[at], at + a, tok, h[at] >= thr)
+        self._add_shared(mid[at], at + a, tok)
         taken = seq[t.owner[seq] != rid]
         owners = t.owner[taken]
         for o in np.unique(owners[owners >= 0]).tolist():
@@ -220,29 +252,27 @@ class HotSets:
         row = int(self.row[tok])
         if row == NONE:
             return  # not a row of this call: rebuilt when next seen
-        self.shared[blocks] = True
         pos = t.position[blocks]  # the same in every list holding a block (a prefix)
         inside = (pos >= self.spec.sink_blocks) & (pos < self._step.start[row])
         known = self.s_seen[tok]  # (the rest join as the window slides past them)
         new = [i for i, b in enumerate(blocks[inside].tolist()) if b not in known]
-        if not new:
-            return
-        ids, pos = blocks[inside][new], pos[inside][new]
-        known.update(ids.tolist())
-        self.cand_of[ids[self.cand_of[ids] == tok]] = NONE
-        self._add_shared(ids, pos, tok, t.heat[ids] >= self.thr[tok])
+        if new:
+            ids = blocks[inside][new]
+            known.update(ids.tolist())
+            self._add_shared(ids, pos[inside][new], tok)
 
-    def _add_shared(
-        self, blocks: np.ndarray, positions: np.ndarray, tok: int, member: np.ndarray
-    ) -> None:
-        """Shared middle blocks of pool ``tok`` (``member``: scoring at its threshold)."""
+    def _add_shared(self, blocks: np.ndarray, positions: np.ndarray, tok: int) -> None:
+        """Shared middle blocks of pool ``tok``."""
         self.s_blk = np.concatenate((self.s_blk, blocks))
         self.s_pos = np.concatenate((self.s_pos, positions))
         self.s_tok = np.concatenate((self.s_tok, np.full(len(blocks), tok)))
-        self.s_mem = np.concatenate((self.s_mem, member))
 
     def _entering(self, step: _Step, fresh: list[int], t: BlockTable) -> None:
-        """Blocks that entered a kept pool's middle (the window slid) or were redrawn in it."""
+        """Blocks that entered a kept pool's middle (the window slid) or were redrawn in it
+        join its row if they score its threshold."""
+        pools = self.pools
+        slots = self.slot[self.token[step.rids]]
+        thr = pools.thr[slots]
         slid = step.start - self.start[step.rids] == 1
         slid[fresh] = False
         rows = np.flatnonzero(slid)
@@ -250,70 +280,151 @@ class HotSets:
             at = step.start[rows] - 1  # the block that entered: the middle's last
             enter, rids = step.flat[step.base[rows] + at], step.rids[rows]
             own = (t.owner[enter] == rids) & (t.ref[enter] <= 1)
-            self.shared[enter] = ~own
             for j in np.flatnonzero(~own).tolist():
                 tok, b = int(self.token[rids[j]]), int(enter[j])
                 if b not in self.s_seen[tok]:
                     self.s_seen[tok].add(b)
-                    member = t.heat[enter[j : j + 1]] >= self.thr[tok]
-                    self._add_shared(enter[j : j + 1], at[j : j + 1], tok, member)
-            self._join(enter[own], self.token[rids[own]], t.heat)
-        red, scores, rows = step.redrawn
-        if len(red):
-            shared = self.shared[red]
-            self._redrawn_unshared(step, red[~shared], scores[~shared], rows[~shared])
-            self._redrawn_shared(red[shared], t.heat)
-
-    def _redrawn_unshared(
-        self, step: _Step, red: np.ndarray, scores: np.ndarray, rows: np.ndarray
-    ) -> None:
-        """Unshared redrawn blocks (of rows ``rows``: their owners) leave their row's pool
-        below its threshold, join it above."""
-        tok = self.token[step.rids][rows]
-        thr = self.thr[tok]
-        member = self.cand_of[red] == tok
-        self.cand_of[red[member & (scores < thr)]] = NONE
-        join = ~member & (scores >= thr)
-        red, tok = red[join], tok[join]
-        self.cand_of[red] = tok
-        self.c_blk = np.concatenate((self.c_blk, red))
-        self.c_tok = np.concatenate((self.c_tok, tok))
+                    self._add_shared(enter[j : j + 1], at[j : j + 1], tok)
+            pools.join(slots[rows], at, enter, t.heat[enter] >= thr[rows])
+        red, scores, rows, pos = step.redrawn
+        if len(red):  # each redraw by its own score for its row, then every holder's
+            pools.join(slots[rows], pos, red, scores >= thr[rows])
+            self._redrawn_shared(red, t.heat)
 
     def _redrawn_shared(self, red: np.ndarray, heat: np.ndarray) -> None:
-        """Every pool holding a redrawn shared block tests its new score."""
-        if not len(red):
-            return
+        """Every pool holding a redrawn shared block tests its final score."""
         self.red_mark[red] = True
         hit = np.flatnonzero(self.red_mark[self.s_blk])
         self.red_mark[red] = False
-        self.s_mem[hit] = heat[self.s_blk[hit]] >= self.thr[self.s_tok[hit]]
+        tok = self.s_tok[hit]
+        live = self.row[tok] != NONE
+        if not live.all():
+            hit, tok = hit[live], tok[live]
+        if len(hit):
+            blk, slots = self.s_blk[hit], self.slot[tok]
+            self.pools.join(slots, self.s_pos[hit], blk, heat[blk] >= self.pools.thr[slots])
 
-    def _join(self, blocks: np.ndarray, toks: np.ndarray, heat: np.ndarray) -> None:
-        """Unshared ``blocks`` of pools ``toks`` join them if their score makes it."""
-        if not len(blocks):
+
+class _Rows:
+    """The pools as rows of one fixed width, one a slot: block ids (``blk``: the first
+    ``fill`` of a row in use, the rest holes), threshold, the size it was built for, and
+    the middle positions it holds (``held``, so that a block joins a row once)."""
+
+    def __init__(self) -> None:
+        self.blk = np.zeros((0, 0), dtype=np.int64)
+        self.held = np.zeros((0, 0), dtype=bool)
+        self.fill = np.zeros(0, dtype=np.int64)
+        self.thr = np.zeros(0)
+        self.size = np.zeros(0, dtype=np.int64)
+        self.limit = np.zeros(0, dtype=np.int64)  # compacted past this fill
+        self.free: list[int] = []
+        self._joins: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, blocks) to append
+        self._holes = np.zeros((0, 0), dtype=bool)
+
+    def fit(self, positions: int) -> None:
+        """Room in ``held`` for positions below ``positions``."""
+        slots, have = self.held.shape
+        if positions > have:
+            held = np.zeros((slots, max(positions, 2 * have, 64)), dtype=bool)
+            held[:, :have] = self.held
+            self.held = held
+
+    def _widen(self, width: int) -> None:
+        slots, have = self.blk.shape
+        if width > have:
+            blk = np.zeros((slots, max(width, have + have // 2)), dtype=np.int64)
+            blk[:, :have] = self.blk
+            self.blk = blk
+
+    def take(self) -> int:
+        """A free slot (more rows when none is)."""
+        if not self.free:
+            have, more = len(self.fill), max(len(self.fill), 16)
+            self.blk = np.concatenate((self.blk, np.zeros((more, self.blk.shape[1]), np.int64)))
+            self.held = np.concatenate((self.held, np.zeros((more, self.held.shape[1]), bool)))
+            self.fill = np.concatenate((self.fill, np.zeros(more, dtype=np.int64)))
+            self.thr = np.concatenate((self.thr, np.zeros(more)))
+            self.size = np.concatenate((self.size, np.zeros(more, dtype=np.int64)))
+            self.limit = np.concatenate((self.limit, np.zeros(more, dtype=np.int64)))
+            self.free = list(range(have + more - 1, have - 1, -1))
+        return self.free.pop()
+
+    def set(
+        self, slot: int, blocks: np.ndarray, positions: np.ndarray, thr: float, size: int,
+        drift: float,
+    ) -> None:  # fmt: skip
+        """Row ``slot`` holds ``blocks`` (at ``positions``) and nothing else; it is compacted
+        when it may pass ``2 size + 16`` at the next step (``drift``: its joins' rate)."""
+        margin = math.ceil(drift * size + 4 * math.sqrt(drift * size)) + 2
+        self.limit[slot] = 2 * size + 16 - margin
+        self._widen(max(len(blocks), 2 * size + 16))
+        self.held[slot] = False
+        self.held[slot, positions] = True
+        self.blk[slot, : len(blocks)] = blocks
+        self.fill[slot], self.thr[slot], self.size[slot] = len(blocks), thr, size
+
+    def join(
+        self, slots: np.ndarray, positions: np.ndarray, blocks: np.ndarray, score: np.ndarray
+    ) -> None:
+        """``blocks`` (at ``positions`` of rows ``slots``) that score their row's threshold
+        (``score``) and are not in it join it (appended at :meth:`flush`)."""
+        at = np.flatnonzero(score)
+        slots, positions = slots[at], positions[at]
+        new = ~self.held[slots, positions]
+        slots, positions = slots[new], positions[new]
+        self.held[slots, positions] = True
+        self._joins.append((slots, blocks[at[new]]))
+
+    def flush(self) -> None:
+        """Append the joins to their rows (wider rows if one overflows)."""
+        slots = np.concatenate([s for s, _ in self._joins]) if self._joins else self.fill[:0]
+        blocks = np.concatenate([b for _, b in self._joins]) if self._joins else slots
+        self._joins = []
+        if not len(slots):
             return
-        add = (heat[blocks] >= self.thr[toks]) & (self.cand_of[blocks] != toks)
-        blocks, toks = blocks[add], toks[add]
-        self.cand_of[blocks] = toks
-        self.c_blk = np.concatenate((self.c_blk, blocks))
-        self.c_tok = np.concatenate((self.c_tok, toks))
+        order = np.argsort(
+            slots.astype(np.int16) if len(self.fill) < 2**15 else slots, kind="stable"
+        )
+        slots, blocks = slots[order], blocks[order]
+        count = np.bincount(slots, minlength=len(self.fill))
+        end = self.fill + count
+        self._widen(int(end.max()))
+        first = np.cumsum(count) - count
+        self.blk[slots, self.fill[slots] + (np.arange(len(slots)) - first[slots])] = blocks
+        self.fill = end
 
-    def _pools(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every current pool's blocks (ids, rows); entries of old pools leave (shared ones
-        now and then)."""
-        blk, tok = self.c_blk, self.c_tok
-        c_row = self.row[tok]
-        live = (self.cand_of[blk] == tok) & (c_row != NONE)
-        self.c_blk, self.c_tok, c_row = blk[live], tok[live], c_row[live]
-        if self.calls % 32 == 0:
-            keep = self.row[self.s_tok] != NONE
-            self.s_blk, self.s_pos = self.s_blk[keep], self.s_pos[keep]
-            self.s_tok, self.s_mem = self.s_tok[keep], self.s_mem[keep]
-        at = np.flatnonzero(self.s_mem)
-        s_row = self.row[self.s_tok[at]]
-        ok = s_row != NONE
-        blk = np.concatenate((self.c_blk, self.s_blk[at[ok]]))
-        return blk, np.concatenate((c_row, s_row[ok]))
+    def gather(self, slots: np.ndarray, heat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``slots``' blocks and their scores (holes: -inf), as wide as the fullest."""
+        fill = self.fill[slots]
+        width = int(fill.max())
+        ps = self.blk[slots, :width]
+        h = heat.take(ps)
+        if len(self._holes) <= width:  # row n: the holes of a row filled to n
+            self._holes = np.arange(self.blk.shape[1]) >= np.arange(self.blk.shape[1] + 1)[:, None]
+        np.copyto(h, -np.inf, where=self._holes[fill, :width])
+        return ps, h
+
+    def compact(
+        self, slots: np.ndarray, ps: np.ndarray, h: np.ndarray, position: np.ndarray
+    ) -> np.ndarray:
+        """Drop the stale entries of rows (``slots``, blocks ``ps``, scores ``h``) past
+        their limit, and of those half way there with them; the rows (indices into
+        ``slots``) still past it after."""
+        fill, limit = self.fill[slots], self.limit[slots]
+        if not (fill > limit).any():
+            return fill[:0]
+        size = self.size[slots]
+        rows = np.flatnonzero(fill > np.minimum(limit, (size + limit) // 2))
+        mine, sub = slots[rows], ps[rows]
+        filled = np.arange(ps.shape[1]) < fill[rows, None]
+        scored = h[rows] >= self.thr[mine, None]
+        keep = filled & scored
+        at, col = np.nonzero(filled & ~scored)
+        self.held[mine[at], position[sub[at, col]]] = False
+        order = np.argsort(~keep, axis=1, kind="stable")
+        self.blk[mine, : ps.shape[1]] = np.take_along_axis(sub, order, axis=1)
+        self.fill[mine] = kept = keep.sum(axis=1)
+        return rows[kept > limit[rows]]
 
 
 def _geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
@@ -325,8 +436,8 @@ def _geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
 
 
 class _Step:
-    """One call's rows: request ids, blocks (each, and all in one array from ``base``),
-    middle ends and k."""
+    """One call's rows: request ids, blocks (each, and in one array: row ``i``'s from
+    ``flat[base[i]]``), middle ends and k."""
 
     def __init__(
         self, rids: np.ndarray, seqs: list[np.ndarray], flat: np.ndarray, base: np.ndarray,
@@ -335,15 +446,16 @@ class _Step:
         self.rids, self.rows, self.seqs = rids, rids.tolist(), seqs
         self.flat, self.base, self.start, self.k = flat, base, start, k
         empty = np.zeros(0, dtype=np.int64)
-        self.redrawn = (empty, np.zeros(0), empty)  # blocks, their new scores, their rows
+        # blocks, their new scores, their rows, their positions in the rows
+        self.redrawn = (empty, np.zeros(0), empty, empty)
 
 
 def _read_sets(step: _Step, a: int, hot: list[np.ndarray] | np.ndarray) -> list[np.ndarray]:
     """Each row's sink, its hot set and its window (rows of one array when k is one)."""
     if isinstance(hot, np.ndarray):  # one k: one gather builds every read set
-        w = int(step.base[1] - step.base[0] - step.start[0])
-        sink = step.flat[step.base[:-1, None] + np.arange(a)]
-        window = step.flat[(step.base[:-1] + step.start)[:, None] + np.arange(w)]
+        w = len(step.seqs[0]) - int(step.start[0])  # every row's window is full (k < middle)
+        sink = step.flat[step.base[:, None] + np.arange(a)]
+        window = step.flat[(step.base + step.start)[:, None] + np.arange(w)]
         return list(np.concatenate((sink, hot, window), axis=1))
     return [
         np.concatenate((s[:a], h, s[b:]))
@@ -351,36 +463,32 @@ def _read_sets(step: _Step, a: int, hot: list[np.ndarray] | np.ndarray) -> list[
     ]
 
 
-def _top_k(
-    blk: np.ndarray, row: np.ndarray, heat: np.ndarray, k: np.ndarray
+def _kth(h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Each row's ``k``-th highest score (``inf`` where ``k`` is 0): a sort along the rows
+    (numpy's vectorised sort outruns its partition here)."""
+    rows, width = h.shape
+    ordered = np.sort(h, axis=1)
+    if k.min() == k.max():
+        return ordered[:, width - int(k[0])] if k[0] else np.full(rows, np.inf)
+    return np.where(k > 0, ordered[np.arange(rows), np.maximum(width - k, 0)], np.inf)
+
+
+def _chosen(
+    ps: np.ndarray, h: np.ndarray, kth: np.ndarray, k: np.ndarray, fill: np.ndarray
 ) -> list[np.ndarray] | np.ndarray:
-    """Per row, the sorted ids of its ``k`` highest-scoring blocks among ``blk`` (rows
-    ``row``); every row has at least ``k``. One k and no tie: rows of one array."""
+    """Per row, the sorted ids of its ``k`` highest-scoring blocks (``ps``, scores ``h``,
+    k-th ``kth``). One k and no tie at the k-th score: rows of one array."""
     rows = len(k)
-    order = np.argsort(row.astype(np.int16) if rows < 2**15 else row, kind="stable")  # radix
-    blk, row = blk[order], row[order]
-    h = heat[blk]
-    counts = np.bincount(row, minlength=rows)
-    width = int(counts.max())
-    first = np.cumsum(counts) - counts
-    grid = np.full(rows * width, -np.inf)
-    grid[row * width + (np.arange(len(blk)) - first[row])] = h
-    grid = grid.reshape(rows, width)
     one = int(k[0]) if k.min() == k.max() else None
     if one == 0:
-        return np.zeros((rows, 0), dtype=blk.dtype)
-    if one is not None:
-        kth = np.partition(grid, width - one, axis=1)[:, width - one]
-    else:
-        grid.sort(axis=1)
-        kth = np.where(k > 0, grid[np.arange(rows), np.maximum(width - k, 0)], np.inf)
-    chosen = h >= kth[row]
-    ids = blk[chosen]
+        return np.zeros((rows, 0), dtype=ps.dtype)
+    chosen = h >= kth[:, None]
+    ids = ps.ravel().compress(chosen.ravel())
     if one is not None and len(ids) == rows * one:  # each row took k: no tie at the k-th
         return np.sort(ids.reshape(rows, one), axis=1)
-    got = np.bincount(row[chosen], minlength=rows)
+    got = chosen.sum(axis=1)
     out = np.split(ids, np.cumsum(got)[:-1])
     for i in np.flatnonzero(got != k).tolist():  # a tie at the k-th score: as argpartition
-        mine = blk[first[i] : first[i] + counts[i]]
-        out[i] = mine[np.argpartition(-heat[mine], k[i] - 1)[: k[i]]] if k[i] else mine[:0]
+        mine, n = ps[i, : fill[i]], int(k[i])
+        out[i] = mine[np.argpartition(-h[i, : fill[i]], n - 1)[:n]] if n else mine[:0]
     return [np.sort(x) for x in out]

@@ -26,6 +26,12 @@ class Holdings:
     """Every request's blocks in order (``blocks``), their count (``held``), and a numpy
     mirror of each list that grows with it (for read sets without a copy per step).
 
+    The mirrors are regions of one array, ``arena`` (request ``rid``'s from
+    ``offset[rid]``), so a step's sequences are one array without a copy: region
+    ``offset[rid]`` holds ``blocks[rid]`` up to the length mirrored. A grown or replaced
+    mirror takes a new region; a full arena is rebuilt from the live mirrors (views taken
+    before keep the old array, whose contents do not change).
+
     NOTE: a request's block list is only ever extended or replaced (a prefix taken, a
     release), never edited in place; a replaced list gets a fresh mirror.
     """
@@ -34,6 +40,9 @@ class Holdings:
         self.blocks: list[list[int]] = [[] for _ in range(requests)]
         self.held = np.zeros(requests, dtype=np.int64)
         self.mirrors: dict[int, list] = {}  # rid -> [its block list, length mirrored, array]
+        self.arena = np.zeros(1 << 16, dtype=np.int64)
+        self.used = 0
+        self.offset = np.zeros(requests, dtype=np.int64)
 
     def forget(self, rid: int) -> None:
         """``rid`` holds nothing any more."""
@@ -52,18 +61,38 @@ class Holdings:
         blocks = self.blocks[rid]
         mirror = self.mirrors.get(rid)
         if mirror is None or mirror[0] is not blocks:
-            buf = np.empty(max(2 * len(blocks), 16), dtype=np.int64)
-            buf[: len(blocks)] = blocks
-            mirror = self.mirrors[rid] = [blocks, len(blocks), buf]
+            self.mirrors.pop(rid, None)
+            mirror = self.mirrors[rid] = [blocks, 0, self._region(rid, max(2 * len(blocks), 16))]
         _, filled, buf = mirror
         if filled < len(blocks):
             if len(blocks) > len(buf):
-                grown = np.empty(2 * len(blocks), dtype=np.int64)
-                grown[:filled] = buf[:filled]
+                grown = self._region(rid, 2 * len(blocks))
+                grown[:filled] = mirror[2][:filled]  # (moved, if the arena was rebuilt)
                 buf = mirror[2] = grown
             buf[filled : len(blocks)] = blocks[filled:]
             mirror[1] = len(blocks)
         return buf[: min(n, len(blocks))]
+
+    def _region(self, rid: int, size: int) -> np.ndarray:
+        """A fresh region of ``size`` ids for ``rid``'s mirror (the arena rebuilt when full)."""
+        if self.used + size > len(self.arena):
+            self._rebuild(size)
+        at = self.offset[rid] = self.used
+        self.used += size
+        return self.arena[at : at + size]
+
+    def _rebuild(self, room: int) -> None:
+        """A new arena holding the live mirrors, with at least ``room`` free."""
+        live = sum(len(m[2]) for m in self.mirrors.values())
+        arena = np.zeros(max(2 * (live + room), len(self.arena)), dtype=np.int64)
+        used = 0
+        for rid, mirror in self.mirrors.items():
+            size, filled = len(mirror[2]), mirror[1]
+            arena[used : used + filled] = mirror[2][:filled]
+            mirror[2] = arena[used : used + size]
+            self.offset[rid] = used
+            used += size
+        self.arena, self.used = arena, used
 
 
 def is_decode(new: np.ndarray, context: np.ndarray, prompt: np.ndarray) -> np.ndarray:
@@ -91,7 +120,10 @@ def read_sets(
     if decode:  # all of the step's sparse decodes in one batch, in batch order
         rids = ids[decode].tolist()
         lists = [holdings.blocks[r] for r in rids]
-        picked = access.decode_sets(rids, [reads[i] for i in decode], lists, table)
+        picked = access.decode_sets(
+            rids, [reads[i] for i in decode], lists, table,
+            holdings.arena, holdings.offset[ids[decode]],
+        )  # fmt: skip
         for i, blocks in zip(decode, picked, strict=True):
             reads[i] = blocks
         sizes = np.array([len(b) for b in picked], dtype=context.dtype) * block_tokens
