@@ -78,6 +78,17 @@ def running_block_to_dram(eng: Simulation) -> None:
     eng.kv.tiers[DRAM].resident += 1
 
 
+def dropped_block_in_dram(eng: Simulation) -> None:
+    """A dropped block (its id free) still resident in DRAM, counted right (the cascade bug
+    ``tests/test_write_through_bulk.py`` builds by hand, now fixed)."""
+    t = eng.kv.table
+    b = t.new(owner=0, position=0, heat=0.0)
+    t.ref[b] = 0
+    t.drop(b)
+    t.where[DRAM, b] = True
+    eng.kv.tiers[DRAM].resident += 1
+
+
 def phantom_swap_hold(eng: Simulation) -> None:
     eng.kv.swap.holds[first_running_block(eng)] = 1  # no request is swapped out
 
@@ -87,6 +98,7 @@ def phantom_swap_hold(eng: Simulation) -> None:
     [
         (running_block_to_dram, ["a running request's block is not in hbm", "request #"]),
         (phantom_swap_hold, ["swapped-out holders miscounted", "on one side only"]),
+        (dropped_block_in_dram, ["a dropped block (its id free) is still in a tier", "block "]),
         (bump_ref, ["block reference counts do not match their owners", "ref 2, held by 1"]),
         (shrink_hbm, ["tier hbm above capacity", "capacity 0"]),
         (miscount_hbm, ["tier hbm miscounts its blocks", "block table"]),

@@ -53,7 +53,9 @@ class Cascade:
 
     def insert(self, tier: Tier, b: int) -> bool:
         """Place a copy of ``b`` in a lower tier as an evictable block, if room can be made
-        (:meth:`make_room` for one: in a full tier, one victim)."""
+        (:meth:`make_room` for one: in a full tier, one victim) and ``b`` still exists then:
+        a victim's copy down evicts below it, and that may take ``b``'s last copy (an HBM
+        victim also in SSD, say), which drops it."""
         if tier.resident >= tier.capacity:
             if not tier.evictable:
                 return False
@@ -62,6 +64,8 @@ class Cascade:
             else:
                 for v in tier.evict(1):
                     self.demote(v, tier)
+            if self.table.owner[b] < 0:  # the room made took ``b`` itself from a tier below
+                return False
         tier.add(b, self.clock.now, evictable=True)
         return True
 
@@ -108,7 +112,7 @@ class Cascade:
         ):
             # an HBM slot is reused only after its copy left: that copy blocks the step
             self.copies.add("d2h" if from_hbm else "ssd_write", below.block_bytes, from_hbm)
-        if cached and not (where[HBM, b] or where[DRAM, b] or where[SSD, b]):
+        if cached and t.owner[b] >= 0 and not (where[HBM, b] or where[DRAM, b] or where[SSD, b]):
             if self.on_lost is not None and t.hash[b]:
                 self.on_lost(t.hash[b : b + 1])
             t.drop(b)

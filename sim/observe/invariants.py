@@ -162,6 +162,9 @@ class Invariants:
         homeless = np.flatnonzero((refs > 0) & ~t.where[:, :n].any(axis=0))
         if len(homeless):
             self.fail("a block in use is in no tier", f"block {int(homeless[0])}")
+        freed = np.flatnonzero((t.owner[:n] < 0) & t.where[:, :n].any(axis=0))
+        if len(freed):
+            self.fail("a dropped block (its id free) is still in a tier", f"block {int(freed[0])}")
         self.check_places()
         self.check_index()
         for tier in kv.tiers:
