@@ -14,7 +14,7 @@ and selects without visiting every middle block:
   every middle block scoring at least ``t`` (its *members*), and may hold others that did
   once (stale entries: harmless, they only take room). If at least ``k`` of the row score
   ``t`` or more, the top-k of the middle is the top-k of the row (every block outside it
-  scores below ``t``): so the step's top-k is one gather of its rows, one partition along
+  scores below ``t``): so the step's top-k is one gather of its rows, one sort along
   them, and the check that each row's k-th score is at least its ``t`` (a row failing it
   is rebuilt from a scan). A block only changes score when it is redrawn, so a row stays a
   superset of its members if every block that comes to score ``t`` or more joins it: a

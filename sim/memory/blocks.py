@@ -140,10 +140,19 @@ class BlockTable:
             self.index[block_hash] = b
             self.index_version += 1
 
+    def all_new(self, keys: list[int]) -> bool:
+        """Whether registering ``keys`` one at a time would register every one: each a hash,
+        none indexed yet, no two alike."""
+        return (
+            NO_HASH not in keys
+            and self.index.keys().isdisjoint(keys)
+            and len(set(keys)) == len(keys)
+        )
+
     def register_many(self, blocks: list[int], hashes: np.ndarray) -> None:
         """:meth:`register` each of ``blocks`` (distinct) under its ``hashes`` entry, in order."""
         index, keys = self.index, hashes.tolist()
-        if NO_HASH not in keys and index.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+        if self.all_new(keys):
             index.update(zip(keys, blocks, strict=True))  # every one is new: all register
             self.hash[blocks] = hashes
             self.index_version += len(keys)
