@@ -149,10 +149,7 @@ def _one_instance(
     frame = request_columns(
         requests, s.scheduled_s, s.first_token_s, s.finish_s, s.preemptions, s.reject_reason
     )
-    timeline = instance.timeline.arrays()
-    if kv.prefetch.active:  # its per-step columns (pandas: the prefetcher adds them to a frame)
-        extended = kv.prefetch.extend_timeline(as_frame(timeline))
-        timeline = {str(name): extended[name].to_numpy() for name in extended.columns}
+    timeline = kv.prefetch.extend_timeline(instance.timeline.arrays())
     summary = summarize(frame, timeline, end)
     summary.update(tier_summary([instance]))
     summary.update(kv.prefetch.summary())  # empty for prefetch: none

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import islice
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import simpy
@@ -23,9 +23,6 @@ from policies.base import PrefetchPolicy, PrefetchView
 from policies.registry import make_prefetch
 from sim.kv.parts import KvParts
 from sim.memory.blocks import DRAM, HBM
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 class Queue(Protocol):
@@ -265,15 +262,18 @@ class Prefetcher:
             "prefetch_wasted": self.blocks - self.hits,
         }
 
-    def extend_timeline(self, timeline: pd.DataFrame) -> pd.DataFrame:
-        """Per-step columns ``prefetch_bytes``, ``prefetch_blocks``, ``prefetch_hits``."""
+    def extend_timeline(self, timeline: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The timeline's columns (by name) and per-step ``prefetch_bytes``,
+        ``prefetch_blocks``, ``prefetch_hits`` after them."""
         if not self.active:
             return timeline
         rows = np.array(self._rows, dtype=np.float64).reshape(-1, 3)
-        if len(rows) != len(timeline):
-            raise RuntimeError(f"prefetch: {len(rows)} step rows for {len(timeline)} steps")
-        return timeline.assign(
-            prefetch_bytes=rows[:, 0],
-            prefetch_blocks=rows[:, 1].astype(np.int64),
-            prefetch_hits=rows[:, 2].astype(np.int64),
-        )
+        steps = len(timeline["time_s"])
+        if len(rows) != steps:
+            raise RuntimeError(f"prefetch: {len(rows)} step rows for {steps} steps")
+        return {
+            **timeline,
+            "prefetch_bytes": rows[:, 0],
+            "prefetch_blocks": rows[:, 1].astype(np.int64),
+            "prefetch_hits": rows[:, 2].astype(np.int64),
+        }

@@ -31,7 +31,7 @@ def cluster_results(cluster: Cluster, end: float) -> tuple[Columns, Columns, dic
     requests = _requests(cluster, routed)
     timelines = []
     for i, instance in enumerate(instances):
-        frame = instance.kv.prefetch.extend_timeline(instance.timeline.to_frame())
+        frame = pd.DataFrame(instance.kv.prefetch.extend_timeline(instance.timeline.arrays()))
         frame = frame.assign(**cluster.nic_columns[i].columns())
         timelines.append(frame.assign(instance=np.int64(i)))
     timeline = pd.concat(timelines, ignore_index=True)

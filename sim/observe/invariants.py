@@ -159,10 +159,11 @@ class Invariants:
                 f"block {b}: ref {int(t.ref[b]) if b < n else '-'}, held by "
                 f"{int(refs[b])} requests ({len(holders)} requests hold blocks)",
             )
-        homeless = np.flatnonzero((refs > 0) & ~t.where[:, :n].any(axis=0))
+        resident = t.where[:, :n].any(axis=0)
+        homeless = np.flatnonzero((refs > 0) & ~resident)
         if len(homeless):
             self.fail("a block in use is in no tier", f"block {int(homeless[0])}")
-        freed = np.flatnonzero((t.owner[:n] < 0) & t.where[:, :n].any(axis=0))
+        freed = np.flatnonzero((t.owner[:n] < 0) & resident)
         if len(freed):
             self.fail("a dropped block (its id free) is still in a tier", f"block {int(freed[0])}")
         self.check_places()

@@ -28,11 +28,6 @@ def column(table: Table, name: str) -> np.ndarray:
     return np.asarray(table[name])
 
 
-def rows(table: Columns, keep: np.ndarray) -> Columns:
-    """The rows of ``table`` where ``keep`` (a mask or positions), in order."""
-    return {name: values[keep] for name, values in table.items()}
-
-
 def mean(values: np.ndarray) -> float:
     """The mean of the non-NaN values (NaN if none), summed as pandas' ``Series.mean`` sums
     them (NaNs as zeros, in float64), so the summary's figures stay the same to the bit."""
