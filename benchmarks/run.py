@@ -240,18 +240,18 @@ def _run_process(argv: list[str]) -> dict:
     every module again). ``cold_s``: the first run, which fills the cache."""
     import tempfile
 
-    cache = Path(tempfile.gettempdir()) / "kvsim-benchmark-pycache"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(cache)
     walls, cpus = [], []
-    for _ in range(2):
-        with tempfile.TemporaryDirectory() as tmp:
-            args = [*argv, str(Path(tmp) / "run")] if argv[-1] == "--out" else argv
-            start, cpu = time.perf_counter(), _cpu_s()
-            command = [sys.executable, "-m", "sim", *args]
-            subprocess.run(command, check=True, capture_output=True, env=env)
-            walls.append(time.perf_counter() - start)
-            cpus.append(_cpu_s() - cpu)
+    with tempfile.TemporaryDirectory() as cache:  # empty: the first run is cold
+        env["PYTHONPYCACHEPREFIX"] = cache
+        for _ in range(2):
+            with tempfile.TemporaryDirectory() as tmp:
+                args = [*argv, str(Path(tmp) / "run")] if argv[-1] == "--out" else argv
+                start, cpu = time.perf_counter(), _cpu_s()
+                command = [sys.executable, "-m", "sim", *args]
+                subprocess.run(command, check=True, capture_output=True, env=env)
+                walls.append(time.perf_counter() - start)
+                cpus.append(_cpu_s() - cpu)
     row = {"wall_s": walls[1], "cold_s": walls[0], "sim_s": None, "steps": None, "events": None}
     return {**row, "process_cpu_s": cpus[1]}
 

@@ -45,7 +45,7 @@ def test_no_row_block_is_the_plain_roofline(cost_params, tokens):
     traffic = (8192 * 1024 + tokens * (8192 + 1024)) * 2.0
     plain = max(flops / 500e12, traffic / 1e12)
     assert gemm_seconds(cost_params, tokens, 8192, 1024, 2.0) == plain
-    # a block as tall as the GEMM, or a limit of one block's worth, changes nothing either
+    # a block as tall as the GEMM changes nothing either
     tall = dataclasses.replace(cost_params, gemm_row_block=tokens)
     assert gemm_seconds(tall, tokens, 8192, 1024, 2.0) == plain
 
@@ -64,7 +64,7 @@ def test_the_fits_numpy_model_is_the_simulators(cost_params):
         assert numpy == pytest.approx(gemm_seconds(p, tokens, 8192, 4096, 2.0), rel=1e-12)
 
 
-def test_the_keys_change_a_runs_gemms():
+def test_the_key_is_read_into_the_config():
     plain = make_config()
     blocked = make_config("hardware.efficiency.gemm_row_block=2")
     assert blocked.hardware.efficiency.gemm_row_block == 2

@@ -128,5 +128,6 @@ def test_a_run_table_summarizes_alike_as_columns_and_as_a_dataframe():
     """The summary reads a table's columns, however it is held: a DataFrame gives the same."""
     requests = finished([0.0, 0.5, 1.0, 4.0])
     steps = timeline(time_s=[0.0, 1.0, 2.0], step_s=[1.0, 1.0, 2.0], waiting=[2, 1, 0])
-    as_columns = summarize(requests, steps, 5.0)
+    columns = {str(name): steps[name].to_numpy() for name in steps.columns}
+    as_columns = summarize(requests, columns, 5.0)
     assert as_columns == summarize(pd.DataFrame(requests), steps, 5.0)

@@ -207,7 +207,7 @@ def tp4_capacity() -> float:
     """TP 4's HBM sized so that its KV cache holds as many whole blocks as TP 2's: the same
     blocks miss, so both stream the same KV, over 4 links instead of 2."""
     two, four = plan(2), plan(4)
-    room = [p.usable - p.weights - p.runtime_reserve - p.activation_peak for p in (two, four)]
+    room = [p.kv_room for p in (two, four)]
     hidden = config(4).hardware.hbm.driver_reserve  # the plan's capacity is what torch sees
     return four.capacity + hidden - (room[1] - room[0] / 2) / 0.9  # half the room per GPU
 

@@ -25,7 +25,7 @@ from validation.opsfit import (
     peaks_of,
     usable_rows,
 )
-from validation.profile import fmt_number, render_profile, set_value, write_profile
+from validation.profile import fmt_number, fmt_pct, render_profile, set_value, write_profile
 
 BASE_PROFILES = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
 COMMIT = re.compile(r"commit\s+`?([0-9a-f]{40})`?")
@@ -67,12 +67,8 @@ def source_commit(table_dir: Path) -> str | None:
     return None
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
 def _ape(res: Residual) -> str:
-    return f"median {_pct(res.median_ape)}, p90 {_pct(res.p90_ape)}"
+    return f"median {fmt_pct(res.median_ape)}, p90 {fmt_pct(res.p90_ape)}"
 
 
 def lomo_summary(errors: pd.DataFrame) -> str:
@@ -82,8 +78,8 @@ def lomo_summary(errors: pd.DataFrame) -> str:
         worst = rows.loc[rows.median_ape.idxmax()]
         label = "decode-sized" if regime == "decode" else "prefill-sized"
         parts.append(
-            f"{label}: median {_pct(rows.median_ape.median())} over models, worst "
-            f"{worst.model} {_pct(worst.median_ape)} (p90 {_pct(worst.p90_ape)})"
+            f"{label}: median {fmt_pct(rows.median_ape.median())} over models, worst "
+            f"{worst.model} {fmt_pct(worst.median_ape)} (p90 {fmt_pct(worst.p90_ape)})"
         )
     return "; ".join(parts)
 
@@ -143,7 +139,7 @@ class TpReport:
             ]
         if self.comm is not None:
             errs = ", ".join(
-                f"{r.workers} GPUs {_pct(r.median_ape)}" for r in self.comm.errors.itertuples()
+                f"{r.workers} GPUs {fmt_pct(r.median_ape)}" for r in self.comm.errors.itertuples()
             )
             out.append(
                 f"interconnect: all-reduce fitted on {self.comm.source.parent.name}/"
@@ -220,7 +216,7 @@ def _fit_comm(
 def interconnect_text(text: str, comm: CommFit) -> str:
     """The profile's ``interconnect`` section with the fitted collective parameters."""
     p = comm.params
-    errs = ", ".join(f"{r.workers} GPUs {_pct(r.median_ape)}" for r in comm.errors.itertuples())
+    errs = ", ".join(f"{r.workers} GPUs {fmt_pct(r.median_ape)}" for r in comm.errors.itertuples())
     fitted = {
         "latency": (f"{p.latency_s * 1e6:.4g}us", f"fit: all-reduce latency (eager NCCL); "
                     f"median APE >= 1 MiB: {errs}"),
@@ -242,7 +238,7 @@ def lomo_markdown(errors: pd.DataFrame, gpu: str) -> str:
     for model, rows in errors.groupby("model"):
         by = rows.set_index("regime")
         cells = [
-            _pct(by.loc[regime, stat])
+            fmt_pct(by.loc[regime, stat])
             for regime in ("decode", "prefill")
             for stat in ("median_ape", "p90_ape")
         ]

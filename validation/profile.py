@@ -34,6 +34,11 @@ def fmt_bandwidth(value: float) -> str:
     return f"{value / 1e9:.4g}GB/s"
 
 
+def fmt_pct(value: float) -> str:
+    """A share as a percentage with one decimal (0.123 -> '12.3%')."""
+    return f"{100 * value:.1f}%"
+
+
 def fmt_number(value: float) -> str:
     """A plain number with 4 significant digits."""
     return f"{value:.4g}"

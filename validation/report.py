@@ -37,6 +37,7 @@ from sim.run import simulate
 from sim.workload import build_requests
 from validation.engine import EngineRun, MiniEngine
 from validation.microbench import device_name
+from validation.profile import fmt_pct
 from validation.scenario import pin_threads, scenario_config
 from validation.timing import statistic
 
@@ -255,10 +256,6 @@ def write_report(report: dict, steps: pd.DataFrame, out: Path) -> list[Path]:
     return [out / name for name in ("report.json", "steps.csv", "steps.png", "summary.md")]
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
 def _columns(report: dict) -> list[tuple[str, str]]:
     """(label, sub-report) of each cost model in the report: fitted, table (if any), baseline."""
     table = [("table ", "table")] if report.get("table", {}).get("available") else []
@@ -271,7 +268,7 @@ def _mode_lines(report: dict) -> list[str]:
     lines = [f"| mode | steps | pairing | {names} |", "|---" * (3 + 2 * len(cols)) + "|"]
     for mode, r in report["modes"].items():
         parts = [r[key] if key else r for _, key in cols]
-        cells = " | ".join(f"{_pct(p['step_mape'])} | {_pct(p['e2e_error'])}" for p in parts)
+        cells = " | ".join(f"{fmt_pct(p['step_mape'])} | {fmt_pct(p['e2e_error'])}" for p in parts)
         lines.append(f"| {mode} | {r['steps']} | {r['pairing']} | {cells} |")
     return lines
 
@@ -282,7 +279,7 @@ def _kind_lines(report: dict) -> list[str]:
     lines = [f"| kind of step | steps | {names} |", "|---" * (2 + len(cols)) + "|"]
     for kind, r in report["by_kind"].items():
         parts = [report[key]["by_kind"][kind] if key else r for _, key in cols]
-        cells = " | ".join(_pct(p["step_mape"]) for p in parts)
+        cells = " | ".join(fmt_pct(p["step_mape"]) for p in parts)
         lines.append(f"| {kind} | {r['steps']} | {cells} |")
     return lines
 
@@ -296,8 +293,8 @@ def table_line(report: dict) -> str:
     rest = f"; from the profile's roofline: {', '.join(held)}" if held else ""
     return (
         f"Measured-table cost model (`cost_model: table` on `{table['cost_table']}`{rest}; "
-        f"the profile's step_overhead): step MAPE {_pct(table['step_mape'])}, "
-        f"e2e error {_pct(table['e2e_error'])}."
+        f"the profile's step_overhead): step MAPE {fmt_pct(table['step_mape'])}, "
+        f"e2e error {fmt_pct(table['e2e_error'])}."
     )
 
 
@@ -314,9 +311,10 @@ def summary_markdown(report: dict) -> str:
         "",
         *_kind_lines(report),
         "",
-        f"Overall: step MAPE {_pct(report['step_mape'])}, e2e error {_pct(report['e2e_error'])} "
-        f"(baseline `{report['baseline_profile']}`: {_pct(report['baseline']['step_mape'])}, "
-        f"{_pct(report['baseline']['e2e_error'])}).",
+        f"Overall: step MAPE {fmt_pct(report['step_mape'])}, "
+        f"e2e error {fmt_pct(report['e2e_error'])} "
+        f"(baseline `{report['baseline_profile']}`: {fmt_pct(report['baseline']['step_mape'])}, "
+        f"{fmt_pct(report['baseline']['e2e_error'])}).",
         "",
         table_line(report),
     ]

@@ -39,7 +39,7 @@ class Handoffs:
         transfer: Transfer, requests: int, prefill: Sequence[int],
     ):  # fmt: skip
         self.instances, self.nics, self.layerwise = instances, nics, transfer.layerwise
-        self.pool = PoolLegs(instances, requests) if transfer.via == "pool" else None
+        self.pool = PoolLegs(instances) if transfer.via == "pool" else None
         self.env = instances[0].env
         self.prefill_of = np.full(requests, -1, dtype=np.int64)
         self.decode_of = np.full(requests, -1, dtype=np.int64)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import simpy
 
 from sim.instance.instance import Instance
@@ -29,15 +28,13 @@ from sim.kv.remote import RemoteKv
 
 
 class PoolLegs:
-    """The write and read legs of every pool handoff; ``written`` is each request's bytes
-    written to the pool (its KV less the blocks the pool held or was receiving)."""
+    """The write and read legs of every pool handoff."""
 
-    def __init__(self, instances: Sequence[Instance], requests: int):
+    def __init__(self, instances: Sequence[Instance]):
         remotes = [i.kv.remote for i in instances]
         assert all(r is not None for r in remotes), "via: pool needs cluster.kv_pool"
         self.remotes: list[RemoteKv] = remotes  # type: ignore[assignment]
         self.instances, self.env = instances, instances[0].env
-        self.written = np.zeros(requests)
 
     def pipeline(self, rid: int, p: int, d: int, tokens: int, size: float, ready: list[float]):
         """Move ``rid``'s ``size`` bytes (``tokens`` tokens) from instance ``p`` to ``d``
@@ -83,5 +80,4 @@ class PoolLegs:
         remote.blocks_put += len(new)
         kept = (len(hashes) - len(new)) * kv.bt  # tokens the pool holds or is receiving
         written = size * (tokens - kept) / tokens if tokens else 0.0
-        self.written[rid] = written
         return written, done, waits

@@ -27,7 +27,7 @@ import numpy as np
 from sim.config.hardware import HardwareSpec
 from sim.config.model import ModelSpec
 from sim.config.paths import resolve_table_path
-from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams, gemm_seconds
+from sim.cost.roofline import KERNELS_PER_LAYER, CostModel, CostParams
 from sim.errors import KvsimError
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class TableCostModel(CostModel):
         if t.lm_head is not None:
             total += t.lm_head(sampled)
         else:
-            total += gemm_seconds(self.params, sampled, m.hidden, m.vocab, m.class_bytes("lm_head"))
+            total += self.gemm_time(sampled, m.hidden, m.vocab, m.class_bytes("lm_head"))
         if t.embedding is not None:
             total += t.embedding(tokens)
         elif self.params.kernels is not None:

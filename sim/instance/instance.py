@@ -113,7 +113,7 @@ class Instance:
         """HBM left for KV (cache and staging) once weights, reserve and activations are in,
         in whole-KV bytes (one GPU's room over its ``kv_share``: the same at one GPU)."""
         p = self.plan
-        room = p.usable - p.weights - p.runtime_reserve - activations
+        room = p.room(activations)
         return room if p.gpus == 1 else room / p.kv_share
 
     def _step(self, batch: Batch):

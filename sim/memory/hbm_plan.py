@@ -39,10 +39,14 @@ class HbmPlan:
     gpus: int = 1
     kv_share: float = 1.0
 
+    def room(self, activations: float) -> float:
+        """Bytes left for KV (one GPU's) once weights, reserve and ``activations`` are in."""
+        return self.usable - self.weights - self.runtime_reserve - activations
+
     @property
     def kv_room(self) -> float:
         """Bytes left for KV once weights, reserve and the profiled activations are in."""
-        return self.usable - self.weights - self.runtime_reserve - self.activation_peak
+        return self.room(self.activation_peak)
 
     @property
     def kv_pool(self) -> float:

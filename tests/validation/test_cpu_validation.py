@@ -74,14 +74,13 @@ def check_fit_summary(folder) -> dict:
 
 def calibrate_and_validate(folder) -> dict:
     """``kvsim calibrate --device cpu --quick`` then ``kvsim validate`` with that profile;
-    the report (and the calibration's GEMM fit p90), after checking what does not depend on
-    timing."""
+    the report, after checking what does not depend on timing."""
     profile = folder / "cpu-calibrated.yaml"
     assert main(["calibrate", "--device", "cpu", "--quick", "--out", str(profile)]) == 0
     spec = validate(HardwareSpec, read_yaml(profile), str(profile))
     assert spec.efficiency.kernels is not None and spec.efficiency.step_overhead > 0
     assert "Calibrated" in profile.read_text().split("name:")[0]
-    fit = check_fit_summary(folder)
+    check_fit_summary(folder)
     out = folder / "report"
     args = ["validate", "--device", "cpu", "--quick", "--profile", str(profile), "--out", str(out)]
     assert main(args) == 0
@@ -90,7 +89,7 @@ def calibrate_and_validate(folder) -> dict:
     assert all(mode["schedule_match"] for mode in report["modes"].values())
     assert {"prefill", "decode", "mixed", "with_transfers"} <= set(report["by_kind"])
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG" and (out / "summary.md").is_file()
-    return report | {"gemm_fit_p90": fit["residuals"]["gemm"]["p90_ape"]}
+    return report
 
 
 @pytest.mark.timing  # run alone (README test command): beside another worker, step MAPE doubles
