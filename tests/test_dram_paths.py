@@ -49,8 +49,8 @@ def _small_hbm_engine(seed: int) -> Simulation:
     return Simulation(config, requests)
 
 
-def ref_union(reads: list[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
-    need = np.unique(np.concatenate(reads)) if reads else np.zeros(0, dtype=np.int64)
+def ref_union(reads: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    need = np.unique(reads)
     pinned = np.zeros(size, dtype=bool)
     pinned[need] = True
     return need, pinned
@@ -116,8 +116,9 @@ def test_union_is_the_sorted_distinct_reads_and_their_mark():
     rng = np.random.default_rng(0)
     for k in (0, 1, 5):
         reads = [rng.integers(0, kv.table.size, rng.integers(0, 12)) for _ in range(k)]
-        need, mark = union(reads, kv.table.size)
-        want, pinned = ref_union(reads, kv.table.size)
+        flat = np.concatenate(reads) if reads else np.zeros(0, dtype=np.int64)
+        need, mark = union(flat, kv.table.size)
+        want, pinned = ref_union(flat, kv.table.size)
         assert need.tolist() == want.tolist()
         assert mark.tolist() == pinned[: len(mark)].tolist() and not pinned[len(mark) :].any()
 

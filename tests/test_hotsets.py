@@ -44,6 +44,16 @@ def old_decode(spec: SparseAccess, rng: np.random.Generator, blocks, heat) -> np
     return np.concatenate((blocks[:sink], np.sort(hot), blocks[start:]))
 
 
+def decode_sets(model: AccessModel, rids, seqs, lists, table) -> list[np.ndarray]:
+    """``AccessModel.decode_reads`` of sequences given as arrays: each one's read set."""
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    arena = np.concatenate(seqs).astype(np.int64) if seqs else np.zeros(0, dtype=np.int64)
+    rids = np.asarray(rids, dtype=np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    flat, sizes = model.decode_reads(rids, lists, table, arena, offsets, lengths)
+    return np.split(flat, np.cumsum(sizes)[:-1])
+
+
 def top_k_reads(spec: SparseAccess, blocks: np.ndarray, heat: np.ndarray) -> np.ndarray:
     """What a decode reads given the heat (brute force): sink, top-k of the middle, window."""
     n = len(blocks)
@@ -86,7 +96,7 @@ class Batch:
 
     def step(self, model: AccessModel, rids: list[int]) -> tuple[list, list]:
         seqs = [np.asarray(self.lists[r], dtype=np.int64) for r in rids]
-        got = model.decode_sets(rids, seqs, [self.lists[r] for r in rids], self.table)
+        got = decode_sets(model, rids, seqs, [self.lists[r] for r in rids], self.table)
         return seqs, got
 
 
@@ -174,21 +184,21 @@ def test_engine_decodes_read_the_top_k_of_the_heat(monkeypatch):
     """In an engine run with shared prefixes (and prefix caching), every decode's read set
     is its sink, the top-k of its middle by the heat the step left, and its window; the
     holdings' arena holds each sequence's blocks where its offset says."""
-    real = AccessModel.decode_sets
+    real = AccessModel.decode_reads
     seen = {"checked": 0, "arena": 0}
 
-    def checked(self, rids, seqs, lists, table, arena=None, offsets=None):
-        if arena is not None:
-            for s, at in zip(seqs, offsets.tolist(), strict=True):
-                assert np.array_equal(arena[at : at + len(s)], s)
-                seen["arena"] += 1
-        got = real(self, rids, seqs, lists, table, arena, offsets)
-        for s, g in zip(seqs, got, strict=True):
+    def checked(self, rids, lists, table, arena, offsets, lengths):
+        seqs = [arena[o : o + n].copy() for o, n in zip(offsets, lengths, strict=True)]
+        for s, blocks in zip(seqs, lists, strict=True):  # the arena holds the lists' blocks
+            assert s.tolist() == blocks[: len(s)]
+            seen["arena"] += 1
+        flat, sizes = real(self, rids, lists, table, arena, offsets, lengths)
+        for s, g in zip(seqs, np.split(flat, np.cumsum(sizes)[:-1]), strict=True):
             assert np.array_equal(g, top_k_reads(self.spec, s, table.heat))
             seen["checked"] += len(g) < len(s)
-        return got
+        return flat, sizes
 
-    monkeypatch.setattr(AccessModel, "decode_sets", checked)
+    monkeypatch.setattr(AccessModel, "decode_reads", checked)
     simulate(engine_config(3, drift=0.2))
     assert seen["checked"] > 1000 and seen["arena"] > 1000
 
@@ -238,7 +248,7 @@ def test_still_heat_reads_the_hand_picked_top_k_and_draws_nothing():
     model = AccessModel(spec, np.random.default_rng(7))
     blocks = list(range(8))
     for _ in range(3):
-        got = model.decode_sets([0], [np.arange(8)], [blocks], table)
+        got = decode_sets(model, [0], [np.arange(8)], [blocks], table)
         assert got[0].tolist() == [0, 3, 5, 6, 7]
     assert table.heat[:8].tolist() == [0.9, 0.1, 0.2, 0.8, 0.3, 0.7, 0.95, 0.99]
     assert model.rng.bit_generator.state == np.random.default_rng(7).bit_generator.state
@@ -262,7 +272,7 @@ def test_old_and_new_models_read_the_same_sizes_and_drift_alike():
             if name == "old":
                 got = [old_decode(spec, rng, s, batch.table.heat) for s in seqs]
             else:
-                got = model.decode_sets(rids, seqs, [batch.lists[r] for r in rids], batch.table)
+                got = decode_sets(model, rids, seqs, [batch.lists[r] for r in rids], batch.table)
             sizes.append([len(g) for g in got])
             for r, g in zip(rids, got, strict=True):
                 hot = set(g[1:-8].tolist())
@@ -282,14 +292,18 @@ def test_old_and_new_models_give_the_same_hit_rate_and_stall():
     HBM access hit rate and the fetch stall time of the kept hot sets within 2% of the old
     model's (the reference above, swapped in for the step's decodes)."""
 
-    def old(self, rids, seqs, lists, table, *arena):
-        return [old_decode(self.spec, self.rng, b, table.heat) for b in seqs]
+    def old(self, rids, lists, table, arena, offsets, lengths):
+        sets = [
+            old_decode(self.spec, self.rng, arena[o : o + n], table.heat)
+            for o, n in zip(offsets, lengths, strict=True)
+        ]
+        return np.concatenate(sets), np.array([len(x) for x in sets], dtype=np.int64)
 
     results = {}
     for name in ("old", "new"):
         with pytest.MonkeyPatch.context() as patch:
             if name == "old":
-                patch.setattr(AccessModel, "decode_sets", old)
+                patch.setattr(AccessModel, "decode_reads", old)
             runs = [
                 simulate(engine_config(seed, *WHOLE_BLOCK_COPIES, drift=0.1)).summary
                 for seed in range(6)
@@ -312,7 +326,7 @@ def test_walk_drift_keeps_the_plain_model(monkeypatch):
     calls = []
     monkeypatch.setattr(AccessModel, "decode_blocks", lambda self, b, h: calls.append(len(b)) or b)
     table = BlockTable(8)
-    model.decode_sets([0, 1], [np.arange(6), np.arange(3)], [[], []], table)
+    decode_sets(model, [0, 1], [np.arange(6), np.arange(3)], [[], []], table)
     assert calls == [6, 3]
 
 

@@ -6,7 +6,7 @@ score. Each step a fraction ``drift`` of a sequence's middle blocks draw a fresh
 (``walk``: attention shifts gradually, so the next hot set is partly predictable), so the
 hot set drifts over time. Every draw comes from the run's seeded Generator.
 
-A step's sparse decodes go through :meth:`AccessModel.decode_sets`. With ``drift_kind:
+A step's sparse decodes go through :meth:`AccessModel.decode_reads`. With ``drift_kind:
 redraw`` it keeps each sequence's hot set from step to step (:mod:`sim.kv.hotsets`): the same
 access process as :meth:`AccessModel.decode_blocks`, drawn in O(read set + redraws) a step
 rather than a draw per middle block (docs/model.md). ``walk`` moves every middle score, so it
@@ -71,35 +71,62 @@ class AccessModel:
         hot = middle[np.argpartition(-heat[middle], k - 1)[:k]] if k else middle[:0]
         return np.concatenate((blocks[:sink], np.sort(hot), blocks[window_start:]))
 
-    def decode_sets(
-        self, rids: list[int], seqs: list[np.ndarray], lists: list[list[int]], table: BlockTable,
-        arena: np.ndarray | None = None, offsets: np.ndarray | None = None,
-    ) -> list[np.ndarray]:  # fmt: skip
-        """The blocks each of a step's decoding sequences reads (``seqs``: each one's blocks
-        in order; ``lists``: its block list, whose identity keeps its hot set; ``seqs[i]``
-        is ``arena[offsets[i]:]``'s start, when given)."""
-        spec = self.spec
+    def decode_reads(
+        self, rids: np.ndarray, lists: list[list[int]], table: BlockTable, arena: np.ndarray,
+        offsets: np.ndarray, lengths: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """The blocks a step's decoding sequences read, one sequence after another in one
+        array, and how many each reads. Sequence ``i`` holds ``arena[offsets[i]:]``'s first
+        ``lengths[i]`` blocks; ``lists[i]`` is its block list (whose identity keeps its hot
+        set)."""
         if self.hot is None:
-            return [self.decode_blocks(b, table.heat) for b in seqs]
+            sets = [
+                self.decode_blocks(arena[o : o + n], table.heat)
+                for o, n in zip(offsets.tolist(), lengths.tolist(), strict=True)
+            ]
+            sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+            return (np.concatenate(sets) if sets else arena[:0]), sizes
+        picked, start, k = self._picked(lengths)
+        if not len(picked):
+            return segments(arena, offsets, lengths), lengths.copy()
+        sets, got = self.hot.select(
+            rids[picked], [lists[i] for i in picked.tolist()], start[picked], k[picked], table,
+            lengths[picked], arena, offsets[picked],
+        )  # fmt: skip
+        if len(picked) == len(lengths):
+            return sets, got
+        sizes = lengths.copy()
+        sizes[picked] = got
+        at = np.cumsum(sizes) - sizes  # where each sequence's reads go
+        whole = np.ones(len(lengths), dtype=bool)
+        whole[picked] = False
+        out = np.empty(int(sizes.sum()), dtype=arena.dtype)
+        out[spans(at[whole], lengths[whole])] = segments(arena, offsets[whole], lengths[whole])
+        out[spans(at[picked], got)] = sets
+        return out, sizes
+
+    def _picked(self, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of sequences of ``n`` blocks, those with a middle past k (the rest read every
+        block, and draw none; a picked one's sink is ``sink_blocks``), each one's middle end
+        and k."""
+        spec = self.spec
         assert isinstance(spec, SparseAccess)
-        n = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
         sink = np.minimum(spec.sink_blocks, n)
         start = np.maximum(sink, n - spec.window_blocks)
         if spec.topk_fraction is not None:
             k = np.ceil(spec.topk_fraction * n).astype(np.int64)
         else:
             k = np.full(len(n), spec.topk_blocks or 0, dtype=np.int64)
-        picked = np.flatnonzero(k < start - sink)  # the rest read every block, and draw none
-        out = list(seqs)
-        if not len(picked):
-            return out
-        # a picked sequence has a middle: its sink is spec.sink_blocks
-        at = picked.tolist()
-        sets = self.hot.select(
-            np.asarray(rids, dtype=np.int64)[picked], [seqs[i] for i in at],
-            [lists[i] for i in at], start[picked], k[picked], table, n[picked],
-            arena, None if offsets is None else offsets[picked],
-        )  # fmt: skip
-        for i, blocks in zip(at, sets, strict=True):
-            out[i] = blocks
-        return out
+        return np.flatnonzero(k < start - sink), start, k
+
+
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``starts[i]`` up to ``starts[i] + lengths[i]`` for each ``i``, in turn."""
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.arange(total) + np.repeat(starts - ends + lengths, lengths)
+
+
+def segments(arena: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``arena[starts[i]:starts[i] + lengths[i]]`` for each ``i``, one after another."""
+    return arena[spans(starts, lengths)]

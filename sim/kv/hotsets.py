@@ -87,24 +87,20 @@ class HotSets:
     # --- one step ----------------------------------------------------------------------------
 
     def select(
-        self, rids: np.ndarray, seqs: list[np.ndarray], lists: list[list[int]],
-        start: np.ndarray, k: np.ndarray, table: BlockTable, lengths: np.ndarray,
-        flat: np.ndarray | None = None, base: np.ndarray | None = None,
-    ) -> list[np.ndarray]:  # fmt: skip
+        self, rids: np.ndarray, lists: list[list[int]], start: np.ndarray, k: np.ndarray,
+        table: BlockTable, lengths: np.ndarray, flat: np.ndarray, base: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """What each sequence (row) reads after this step's redraws: its sink, the sorted
-        top-k of its middle, its window.
+        top-k of its middle, its window; every row's in one array, and each row's count.
 
-        ``seqs``: the rows' blocks (the middle is ``sink_blocks`` up to ``start``), of
-        ``lengths``, and ``flat[base[i]:]``'s start if given; ``lists``: their block lists
-        (a pool lives as long as its list); every row has ``k < middle``.
+        Row ``i``'s blocks are ``flat[base[i]:]``'s first ``lengths[i]`` (the middle is
+        ``sink_blocks`` up to ``start``); ``lists``: their block lists (a pool lives as long
+        as its list); every row has ``k < middle``.
         """
         self.calls += 1
         self._fit(table.capacity, int(rids.max()) + 1)
         self.pools.fit(int(start.max()))
-        if flat is None or base is None:  # the rows' ids in one array (a copy)
-            flat, base = np.concatenate(seqs), np.zeros(len(seqs), dtype=np.int64)
-            np.cumsum(lengths[:-1], out=base[1:])
-        step = self._step = _Step(rids, seqs, flat, base, start, k)
+        step = self._step = _Step(rids, flat, base, lengths, start, k)
         self._redraw(step, table.heat)
         fresh = self._stale(step, lists)
         self._mark_rows(step, fresh)
@@ -227,7 +223,7 @@ class HotSets:
     def _build(self, step: _Step, i: int, t: BlockTable) -> None:
         """A fresh pool for row ``i`` from a scan of its middle; tell the owners of blocks it
         took from them that those are shared now."""
-        a, rid, seq = self.spec.sink_blocks, step.rows[i], step.seqs[i]
+        a, rid, seq = self.spec.sink_blocks, step.rows[i], step.seq(i)
         mid = seq[a : step.start[i]]
         h = t.heat[mid]
         c = self.pool_size(int(step.k[i]))
@@ -436,31 +432,40 @@ def _geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
 
 
 class _Step:
-    """One call's rows: request ids, blocks (each, and in one array: row ``i``'s from
-    ``flat[base[i]]``), middle ends and k."""
+    """One call's rows: request ids, blocks (row ``i``'s are ``flat[base[i]:]``'s first
+    ``lengths[i]``), middle ends and k."""
 
     def __init__(
-        self, rids: np.ndarray, seqs: list[np.ndarray], flat: np.ndarray, base: np.ndarray,
+        self, rids: np.ndarray, flat: np.ndarray, base: np.ndarray, lengths: np.ndarray,
         start: np.ndarray, k: np.ndarray,
     ):  # fmt: skip
-        self.rids, self.rows, self.seqs = rids, rids.tolist(), seqs
-        self.flat, self.base, self.start, self.k = flat, base, start, k
+        self.rids, self.rows = rids, rids.tolist()
+        self.flat, self.base, self.lengths, self.start, self.k = flat, base, lengths, start, k
         empty = np.zeros(0, dtype=np.int64)
         # blocks, their new scores, their rows, their positions in the rows
         self.redrawn = (empty, np.zeros(0), empty, empty)
 
+    def seq(self, i: int) -> np.ndarray:
+        """Row ``i``'s blocks."""
+        at = int(self.base[i])
+        return self.flat[at : at + int(self.lengths[i])]
 
-def _read_sets(step: _Step, a: int, hot: list[np.ndarray] | np.ndarray) -> list[np.ndarray]:
-    """Each row's sink, its hot set and its window (rows of one array when k is one)."""
+
+def _read_sets(
+    step: _Step, a: int, hot: list[np.ndarray] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's sink, its hot set and its window, in one array, and each row's count."""
     if isinstance(hot, np.ndarray):  # one k: one gather builds every read set
-        w = len(step.seqs[0]) - int(step.start[0])  # every row's window is full (k < middle)
+        w = int(step.lengths[0] - step.start[0])  # every row's window is full (k < middle)
         sink = step.flat[step.base[:, None] + np.arange(a)]
         window = step.flat[(step.base + step.start)[:, None] + np.arange(w)]
-        return list(np.concatenate((sink, hot, window), axis=1))
-    return [
+        sets = np.concatenate((sink, hot, window), axis=1)
+        return sets.ravel(), np.full(len(sets), sets.shape[1], dtype=np.int64)
+    rows = [
         np.concatenate((s[:a], h, s[b:]))
-        for s, h, b in zip(step.seqs, hot, step.start.tolist(), strict=True)
+        for s, h, b in zip(map(step.seq, range(len(hot))), hot, step.start.tolist(), strict=True)
     ]
+    return np.concatenate(rows), np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
 
 
 def _kth(h: np.ndarray, k: np.ndarray) -> np.ndarray:

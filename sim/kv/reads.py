@@ -6,7 +6,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.kv.access import AccessModel
+from sim.kv.access import AccessModel, segments
 from sim.memory.blocks import BlockTable
 
 
@@ -17,8 +17,8 @@ class ReadsObserver(Protocol):
         """Whether the step starting at ``now`` is to be seen."""
         ...
 
-    def record(self, now: float, reads: list[np.ndarray], where: np.ndarray) -> None:
-        """One step's reads (one id array per sequence); ``where``: the tier residency."""
+    def record(self, now: float, reads: np.ndarray, where: np.ndarray) -> None:
+        """One step's reads (every sequence's, in one array); ``where``: the tier residency."""
         ...
 
 
@@ -43,12 +43,27 @@ class Holdings:
         self.arena = np.zeros(1 << 16, dtype=np.int64)
         self.used = 0
         self.offset = np.zeros(requests, dtype=np.int64)
+        # per request: the length mirrored (-1: none) and the mirrored list's id() (the
+        # mirror keeps that list alive, so no other list has its id meanwhile)
+        self.mirrored = np.full(requests, -1, dtype=np.int64)
+        self.list_id = np.zeros(requests, dtype=np.uint64)
 
     def forget(self, rid: int) -> None:
         """``rid`` holds nothing any more."""
         self.mirrors.pop(rid, None)
+        self.mirrored[rid] = -1
         self.blocks[rid] = []
         self.held[rid] = 0
+
+    def current(self, ids: np.ndarray) -> np.ndarray:
+        """Each of ``ids``' block count, its mirror brought up to date: the blocks of
+        ``ids[i]`` are then ``arena[offset[ids[i]]:]``'s start."""
+        lists = list(map(self.blocks.__getitem__, ids.tolist()))
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        same = np.fromiter(map(id, lists), dtype=np.uint64, count=len(lists)) == self.list_id[ids]
+        for i in np.flatnonzero(~same | (lengths != self.mirrored[ids])).tolist():
+            self._update(int(ids[i]), 0)
+        return lengths
 
     def first(self, rid: int, n: int) -> np.ndarray:
         """``blocks[rid][:n]`` as an int64 array: a view of the mirror, current or updated."""
@@ -71,6 +86,7 @@ class Holdings:
                 buf = mirror[2] = grown
             buf[filled : len(blocks)] = blocks[filled:]
             mirror[1] = len(blocks)
+        self.mirrored[rid], self.list_id[rid] = len(blocks), id(blocks)
         return buf[: min(n, len(blocks))]
 
     def _region(self, rid: int, size: int) -> np.ndarray:
@@ -104,36 +120,27 @@ def is_decode(new: np.ndarray, context: np.ndarray, prompt: np.ndarray) -> np.nd
 def read_sets(
     holdings: Holdings, access: AccessModel, table: BlockTable, prompt: np.ndarray,
     block_tokens: int, ids: np.ndarray, context: np.ndarray, new: np.ndarray,
-) -> tuple[list[np.ndarray], np.ndarray]:  # fmt: skip
-    """Blocks each sequence's attention reads, and the tokens it attends (sparse shrinks it)."""
-    attended = context.copy()
-    reads, mirrors, lists = [], holdings.mirrors, holdings.blocks
-    for rid, n in zip(ids.tolist(), (-(-context // block_tokens)).tolist(), strict=True):
-        mirror = mirrors.get(rid)  # inline: Holdings.first's current case, per sequence
-        if mirror is not None and mirror[0] is lists[rid] and mirror[1] == len(mirror[0]):
-            reads.append(mirror[2][: min(n, mirror[1])])
-        else:
-            reads.append(holdings.first(rid, n))
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Every block the step's attention reads, in one array (a block once for each sequence
+    that reads it; sequences in no set order), and the tokens each sequence attends (sparse
+    shrinks it)."""
+    n = np.minimum(-(-context // block_tokens), holdings.current(ids))
+    arena, offsets = holdings.arena, holdings.offset[ids]
     if not access.sparse:
-        return reads, attended
-    decode = np.flatnonzero(is_decode(new, context, prompt[ids])).tolist()
-    if decode:  # all of the step's sparse decodes in one batch, in batch order
-        rids = ids[decode].tolist()
-        lists = [holdings.blocks[r] for r in rids]
-        picked = access.decode_sets(
-            rids, [reads[i] for i in decode], lists, table,
-            holdings.arena, holdings.offset[ids[decode]],
-        )  # fmt: skip
-        for i, blocks in zip(decode, picked, strict=True):
-            reads[i] = blocks
-        sizes = np.array([len(b) for b in picked], dtype=context.dtype) * block_tokens
-        attended[decode] = np.minimum(context[decode], sizes)
-    return reads, attended
+        return segments(arena, offsets, n), context.copy()
+    decode = is_decode(new, context, prompt[ids])
+    if not decode.any():
+        return segments(arena, offsets, n), context.copy()
+    at, rest = np.flatnonzero(decode), np.flatnonzero(~decode)
+    lists = list(map(holdings.blocks.__getitem__, ids[at].tolist()))
+    picked, sizes = access.decode_reads(ids[at], lists, table, arena, offsets[at], n[at])
+    attended = context.copy()
+    attended[at] = np.minimum(context[at], sizes * block_tokens)
+    return np.concatenate((segments(arena, offsets[rest], n[rest]), picked)), attended
 
 
-def union(reads: list[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct block ids of all reads, and their mark over ``size`` ids."""
+def union(reads: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct block ids of a step's reads, and their mark over ``size`` ids."""
     mark = np.zeros(size, dtype=bool)
-    if reads:
-        mark[np.concatenate(reads)] = True
+    mark[reads] = True
     return np.flatnonzero(mark), mark

@@ -27,11 +27,9 @@ class HeatLog:
         """Whether the step starting at ``now`` is recorded."""
         return now >= self._next if self.interval_s > 0 else True
 
-    def record(self, now: float, reads: list[np.ndarray], where: np.ndarray) -> None:
-        """One step's reads (one id array per sequence); ``where`` is the tier residency."""
-        if not reads:
-            return
-        blocks, counts = np.unique(np.concatenate(reads), return_counts=True)
+    def record(self, now: float, reads: np.ndarray, where: np.ndarray) -> None:
+        """One step's reads (every sequence's, in one array); ``where`` is the tier residency."""
+        blocks, counts = np.unique(reads, return_counts=True)
         if len(blocks) == 0:  # a step that reads no KV (a first prefill) is not a sample
             return
         self._next = now + self.interval_s
