@@ -99,6 +99,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     # a size, bandwidth or compute rate written without its unit (80 for 80 GiB is 80 B).
     Plausible("device memory capacity", BYTES, 1 * MiB, 16 * TiB, 80 * GiB),
     Plausible("runtime reserve", BYTES, 1 * MiB, 1 * TiB, 2 * GiB),
+    Plausible("driver reserve", BYTES, 1 * MiB, 64 * GiB, 512 * MiB),
     Plausible("host memory capacity", BYTES, 1 * MiB, 64 * TiB, 256 * GiB),
     Plausible("storage capacity", BYTES, 1 * MiB, 1 * PiB, 4 * TiB),
     Plausible("HBM cache for KV", BYTES, 64 * KiB, 16 * TiB, 16 * GiB),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sim.config.base import (
     Bandwidth,
@@ -15,6 +15,7 @@ from sim.config.base import (
     Strict,
     plausible,
 )
+from sim.config.errors import KeyedValueError
 
 Rate = Annotated[FlopRate, plausible("compute rate")]
 LinkBandwidth = Annotated[Bandwidth, plausible("host link bandwidth")]
@@ -38,7 +39,7 @@ class Hbm(Strict):
     capacity: Annotated[PositiveBytes, plausible("device memory capacity")]
     bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
     runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
-    driver_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
+    driver_reserve: Annotated[Bytes, plausible("driver reserve")] = 0.0
 
 
 class Compute(Strict):
@@ -181,15 +182,16 @@ class Efficiency(Strict):
     decode_attention_latency: KernelSeconds | None = None
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
-    @field_validator("gemm_max_passes")
-    @classmethod
-    def _passes_need_a_row_block(cls, passes: int | None, info: ValidationInfo) -> int | None:
-        if passes is not None and info.data.get("gemm_row_block") is None:
-            raise ValueError(
+    @model_validator(mode="after")
+    def _passes_need_a_row_block(self) -> Efficiency:
+        passes = self.gemm_max_passes
+        if passes is not None and self.gemm_row_block is None:
+            raise KeyedValueError(
+                "gemm_max_passes",
                 f"{passes} limits the passes over a GEMM's weights, but gemm_row_block is "
-                "null (one pass): expected gemm_row_block too, or gemm_max_passes: null"
+                "null (one pass): expected gemm_row_block too, or gemm_max_passes: null",
             )
-        return passes
+        return self
 
 
 class HardwareSpec(Strict):

@@ -189,19 +189,28 @@ class ModelSpec(Strict):
         return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
 
     @property
+    def norm_params(self) -> int:
+        """RMSNorm weights: two a layer and the final one."""
+        return (2 * self.layers + 1) * self.hidden
+
+    @property
+    def router_params(self) -> int:
+        """MoE routers' weights (0 for dense models)."""
+        return self.moe_layers * self.hidden * self.moe.experts if self.moe else 0
+
+    @property
     def total_params(self) -> int:
         """Every weight: what must sit in HBM."""
-        per_moe_layer = 0
+        experts = 0
         if self.moe:
-            experts = self.moe.experts + self.moe.shared_experts
-            per_moe_layer = experts * self.expert_params + self.hidden * self.moe.experts
-        norms = (2 * self.layers + 1) * self.hidden
+            experts = self.moe_layers * (self.moe.experts + self.moe.shared_experts)
         return (
             self.layers * self.attention_params_per_layer
             + self.dense_layers * self.dense_mlp_params
-            + self.moe_layers * per_moe_layer
+            + experts * self.expert_params
+            + self.router_params
             + self.embedding_params
-            + norms
+            + self.norm_params
         )
 
     @property
@@ -216,12 +225,11 @@ class ModelSpec(Strict):
     def weight_classes(self) -> dict[str, int]:
         """Parameters by tensor class: ``linear`` (at ``model.dtype``) and the classes of
         ``model.weights`` (the embedding, the LM head unless tied, norms, the MoE router)."""
-        router = self.moe_layers * self.hidden * self.moe.experts if self.moe else 0
         wide = {
             "embedding": self.vocab * self.hidden,
-            "lm_head": 0 if self.tie_embeddings else self.vocab * self.hidden,
-            "norms": (2 * self.layers + 1) * self.hidden,
-            "router": router,
+            "lm_head": self.embedding_params - self.vocab * self.hidden,
+            "norms": self.norm_params,
+            "router": self.router_params,
         }
         return {"linear": self.total_params - sum(wide.values()), **wide}
 

@@ -56,12 +56,9 @@ class HbmPlan:
     def carve(self, config: RunConfig) -> str:
         """How the pool is carved, each term named by its key: ``engine.gpu_memory_utilization
         0.9 x torch-visible HBM 79.22 GiB (...) - weights 14.96 GiB - ...``."""
-        engine, hbm = config.engine, config.hardware.hbm
+        engine = config.engine
         return (
-            f"engine.gpu_memory_utilization {engine.gpu_memory_utilization:g} x "
-            f"torch-visible HBM {format_bytes(self.capacity)} (hardware.hbm.capacity "
-            f"{format_bytes(hbm.capacity)} - hardware.hbm.driver_reserve "
-            f"{format_bytes(hbm.driver_reserve)}) - model weights "
+            f"{_usable_terms(config, self)} - model weights "
             f"{format_bytes(self.weights)} - hardware.hbm.runtime_reserve "
             f"{format_bytes(self.runtime_reserve)} - activations "
             f"{format_bytes(self.activation_peak)} (engine.max_batched_tokens "
@@ -194,6 +191,17 @@ def _weights_key(config: RunConfig, plan: HbmPlan) -> str:
     return "model"
 
 
+def _usable_terms(config: RunConfig, plan: HbmPlan) -> str:
+    """The HBM a GPU's KV plan starts from, each term named by its key."""
+    hbm = config.hardware.hbm
+    return (
+        f"engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g} x "
+        f"torch-visible HBM {format_bytes(plan.capacity)} (hardware.hbm.capacity "
+        f"{format_bytes(hbm.capacity)} - hardware.hbm.driver_reserve "
+        f"{format_bytes(hbm.driver_reserve)})"
+    )
+
+
 def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
     """Refuse weights that alone exceed a GPU's usable HBM, saying so."""
     if plan.weights <= plan.usable:
@@ -203,10 +211,7 @@ def _check_weights_fit(config: RunConfig, plan: HbmPlan) -> None:
     raise ConfigError(
         f"model {config.model.name!r} does not fit on {hw.name!r}{_per_gpu(n)}: the model "
         f"weights {format_bytes(plan.weights)} per GPU alone exceed "
-        f"engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g} x "
-        f"torch-visible HBM {format_bytes(plan.capacity)} (hardware.hbm.capacity "
-        f"{format_bytes(hw.hbm.capacity)} - hardware.hbm.driver_reserve "
-        f"{format_bytes(hw.hbm.driver_reserve)}) = {format_bytes(plan.usable)}; "
+        f"{_usable_terms(config, plan)} = {format_bytes(plan.usable)}; "
         "expected a larger HBM, a larger engine.tensor_parallel_size or a smaller dtype",
         key=key,
     )
