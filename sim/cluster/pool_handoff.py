@@ -76,8 +76,7 @@ class PoolLegs:
         waits = store.in_flight(hashes)
         new = store.missing(hashes)
         done = self.env.event()
-        store.claim(new, done)
-        remote.blocks_put += len(new)
+        remote.claim(new, done)
         kept = (len(hashes) - len(new)) * kv.bt  # tokens the pool holds or is receiving
         written = size * (tokens - kept) / tokens if tokens else 0.0
         return written, done, waits

@@ -112,10 +112,14 @@ class RemoteKv:
         """Write the blocks of ``hashes`` the pool lacks (write-through or an eviction); they
         are found there once the copy has landed."""
         new = self.store.missing(hashes.tolist())
-        if not new:
-            return
+        if new:
+            self.claim(new, self.move(len(new) * self.store.block_bytes, self.nic_out))
+
+    def claim(self, new: list[int], landed: simpy.Event) -> None:
+        """``new`` (hashes the pool lacks) are written by this instance: found in the pool
+        once ``landed`` fires, and counted as put."""
         self.blocks_put += len(new)
-        self.store.claim(new, self.move(len(new) * self.store.block_bytes, self.nic_out))
+        self.store.claim(new, landed)
 
     def move(self, size: float, nic: Link) -> simpy.Event:
         """``size`` bytes across ``nic`` and the pool's link at once."""
