@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from sim.config import load_hardware
 from sim.memory.links import chunk_efficiency
 
 POINTS = Path(__file__).parent / "data" / "host_copy_bandwidth.csv"
-H100_PEAK = 55e9  # hardware_profiles/h100-sxm.yaml link.h2d
+PROFILES = {"h100": "h100-sxm"}  # each GPU's profile: its link.h2d is the peak
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,11 @@ def predict_gbps(chunk_bytes: np.ndarray, peak: float, half: float, blend: float
     return peak * np.asarray(eff) / 1e9
 
 
-def fit_chunk_curve(points: pd.DataFrame, gpu: str = "h100", peak: float = H100_PEAK) -> CopyFit:
-    """Fit ``half_efficiency_bytes`` and ``chunk_blend`` to one GPU's ``fit`` rows."""
+def fit_chunk_curve(points: pd.DataFrame, gpu: str = "h100", peak: float | None = None) -> CopyFit:
+    """Fit ``half_efficiency_bytes`` and ``chunk_blend`` to one GPU's ``fit`` rows (``peak``:
+    its profile's ``link.h2d`` unless given)."""
+    if peak is None:
+        peak = load_hardware(PROFILES[gpu]).link.h2d
     rows = points[(points.gpu == gpu) & (points.fit == 1)]
     size, gbps = rows.chunk_bytes.to_numpy(float), rows.gbps.to_numpy(float)
 

@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from sim.config.loader import build_config
-from sim.memory.hbm_plan import max_model_len
+from sim.cost import cost_model_for
+from sim.memory.hbm_plan import max_model_len, plan_hbm
 from sim.run import simulate
 
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
@@ -255,13 +256,13 @@ def _build(row: pd.Series, config: dict):
 def predict_capacity(row: pd.Series) -> float:
     """The KV pool of the row's start-up plan, in blocks or tokens, or in sequences of the
     max_model_len (vLLM's "Maximum concurrency for N tokens per request: Cx")."""
-    result = simulate(_build(row, capacity_config(row)))
-    blocks = result.plan.pool_blocks
-    tokens = blocks * result.config.engine.block_tokens
+    config = _build(row, capacity_config(row))
+    blocks = plan_hbm(config, cost_model_for(config)).pool_blocks
+    tokens = blocks * config.engine.block_tokens
     if row["metric"] == "kv_capacity_blocks":
         return float(blocks)
     if row["metric"] == "kv_max_concurrency":
-        longest = max_model_len(result.config)[1]
+        longest = max_model_len(config)[1]
         if not longest:
             raise RuntimeError(f"row {row['id']}: no engine.max_model_len or context_length")
         return tokens / longest
