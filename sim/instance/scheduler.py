@@ -164,9 +164,7 @@ class Scheduler:
         growing = np.flatnonzero(need > 0)
         if int(need[growing].sum()) > self.kv.available:
             return False
-        allocate, ids = self.kv.allocate, self.running
-        for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
-            allocate(rid, t)
+        self.kv.allocate_each(self.running[growing], target[growing])
         return True
 
     def _schedule_running_preempting(self, ids: np.ndarray, n: np.ndarray):
