@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.kv.manager
+import sim.kv.prefix
 from policies.lru import LRU
 from sim.kv.prefix import PrefixIndex
 from sim.kv.reads import union
@@ -128,13 +129,17 @@ def test_union_is_the_sorted_distinct_reads_and_their_mark():
     hashes=st.lists(st.integers(1, 8), min_size=1, max_size=20),
     registered=st.sets(st.integers(1, 8)),
     prompt=st.integers(1, 400),
+    first=st.sampled_from([1, 2, 3, 32]),
 )
-def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt):
+def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt, first):
+    """Looked up ``first`` hashes at a time, then twice as many, and so on."""
     kv = _engine(*DRAM_CASES[0], seed=0).kv
     kv.index.hashes = [np.asarray(hashes, dtype=np.uint64)]
     kv.index.prompt = np.array([prompt])
     kv.table.index = {h: 100 + h for h in registered}
-    assert kv.index.indexed_prefix(0).tolist() == ref_indexed_prefix(kv.index, 0)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sim.kv.prefix, "FIRST_LOOKUPS", first)
+        assert kv.index.indexed_prefix(0).tolist() == ref_indexed_prefix(kv.index, 0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,6 +12,7 @@ from sim.memory.blocks import BlockTable
 from sim.workload.requests import Requests
 
 PREFIX_MEMO = 64  # requests whose prefix lookups are memoised
+FIRST_LOOKUPS = 32  # hashes a prefix lookup looks up first (then twice as many, and so on)
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,10 +133,16 @@ class PrefixIndex:
         return ids
 
     def _lookups(self, hashes: np.ndarray) -> np.ndarray:
-        """The blocks the index holds for ``hashes``, up to the first it does not hold."""
-        ids = list(map(self.table.index.get, hashes.tolist()))
-        if None in ids:
-            del ids[ids.index(None) :]
+        """The blocks the index holds for ``hashes``, up to the first it does not hold
+        (looked up in chunks that double: a prompt's cached prefix often ends early)."""
+        get, ids, at, chunk = self.table.index.get, [], 0, FIRST_LOOKUPS
+        while at < len(hashes):
+            got = list(map(get, hashes[at : at + chunk].tolist()))
+            if None in got:
+                ids.extend(got[: got.index(None)])
+                break
+            ids.extend(got)
+            at, chunk = at + chunk, 2 * chunk
         return np.array(ids, dtype=np.int64)
 
     def newly_full(self, rid: int, held_blocks: int, computed: int) -> tuple[int, int] | None:
