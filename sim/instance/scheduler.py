@@ -164,7 +164,9 @@ class Scheduler:
         growing = np.flatnonzero(need > 0)
         if int(need[growing].sum()) > self.kv.available:
             return False
-        self.kv.allocate_each(self.running[growing], target[growing])
+        allocate, ids = self.kv.allocate, self.running
+        for rid, t in zip(ids[growing].tolist(), target[growing].tolist(), strict=True):
+            allocate(rid, t)
         return True
 
     def _schedule_running_preempting(self, ids: np.ndarray, n: np.ndarray):

@@ -18,7 +18,6 @@ import simpy
 
 from sim.config.run import RunConfig
 from sim.kv.access import AccessModel
-from sim.kv.allocation import allocate_each
 from sim.kv.cascade import Cascade
 from sim.kv.clock import PlanClock
 from sim.kv.copies import CopyQueue
@@ -121,11 +120,6 @@ class KvManager:
         home.add_pinned(ids)
         self.blocks[rid].extend(ids)
         held[rid] += k
-
-    def allocate_each(self, rids: np.ndarray, tokens: np.ndarray) -> None:
-        """:meth:`allocate` for each of ``rids`` (distinct), in order: in bulk where the home
-        tier's victims are simply lost (:mod:`sim.kv.allocation`)."""
-        allocate_each(self, rids, tokens)
 
     def grow_each(self, rids: np.ndarray, positions: np.ndarray) -> None:
         """One more block for each entry of ``rids``, in order: the same as :meth:`allocate`

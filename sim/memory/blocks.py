@@ -102,35 +102,6 @@ class BlockTable:
         self.size += fresh
         return ids
 
-    def new_in_turn(
-        self, owners: list[int], starts: list[int], counts: list[int], freed: list[list[int]],
-        heat: np.ndarray,
-    ) -> list[list[int]]:  # fmt: skip
-        """``counts[j]`` fresh blocks for ``owners[j]`` (block numbers from ``starts[j]``),
-        for each ``j`` in turn, each turn after the ids ``freed[j]`` were freed: the same ids
-        as that many :meth:`new` calls a turn, each turn's :meth:`drop` of ``freed[j]``
-        first. The drops were made already, all at once: the free list ends with every id
-        of ``freed``, in order. ``heat``: the new blocks', in order."""
-        stack = self._free_ids
-        del stack[len(stack) - sum(map(len, freed)) :]  # as it was before the drops
-        fresh, out = self.size, []
-        for count, ids in zip(counts, freed, strict=True):
-            stack.extend(ids)
-            take = min(count, len(stack))
-            got = stack[: -take - 1 : -1] if take else []
-            del stack[len(stack) - take :]
-            got.extend(range(fresh, fresh + count - take))
-            fresh += count - take
-            out.append(got)
-        while fresh > self.capacity:
-            self._grow()
-        self.size = fresh
-        ids = np.fromiter((b for got in out for b in got), dtype=np.int64, count=sum(counts))
-        owner = np.repeat(np.asarray(owners, dtype=np.int64), counts)
-        first = np.repeat(np.asarray(starts, dtype=np.int64) - np.cumsum(counts) + counts, counts)
-        self._reset(ids, owner, first + np.arange(len(ids)), heat)
-        return out
-
     def _reset(
         self,
         at: np.ndarray,
