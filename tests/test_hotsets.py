@@ -417,12 +417,14 @@ def test_holdings_mirrors_share_one_arena_and_old_views_keep_their_blocks():
         grow = int(rng.integers(0, 60))
         holdings.blocks[rid].extend(range(next_id, next_id + grow))
         next_id += grow
-        n = int(rng.integers(0, len(holdings.blocks[rid]) + 2))
-        got = holdings.first(rid, n)
-        want = holdings.blocks[rid][:n]
-        assert got.tolist() == want
-        at = int(holdings.offset[rid])
-        assert holdings.arena[at : at + len(want)].tolist() == want
-        views.append((got, list(want)))
+        asked = rng.choice(40, size=int(rng.integers(1, 6)), replace=False)
+        lengths = holdings.current(asked)
+        for r, n in zip(asked.tolist(), lengths.tolist(), strict=True):
+            want = holdings.blocks[r]
+            assert n == len(want)
+            at = int(holdings.offset[r])
+            got = holdings.arena[at : at + n]
+            assert got.tolist() == want
+            views.append((got, list(want)))
     assert holdings.arena is not first_arena  # the arena filled and was rebuilt
     assert all(view.tolist() == blocks for view, blocks in views)

@@ -62,17 +62,11 @@ class Holdings:
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         same = np.fromiter(map(id, lists), dtype=np.uint64, count=len(lists)) == self.list_id[ids]
         for i in np.flatnonzero(~same | (lengths != self.mirrored[ids])).tolist():
-            self._update(int(ids[i]), 0)
+            self._update(int(ids[i]))
         return lengths
 
-    def first(self, rid: int, n: int) -> np.ndarray:
-        """``blocks[rid][:n]`` as an int64 array: a view of the mirror, current or updated."""
-        mirror = self.mirrors.get(rid)
-        if mirror is not None and mirror[0] is self.blocks[rid] and mirror[1] == len(mirror[0]):
-            return mirror[2][: min(n, mirror[1])]
-        return self._update(rid, n)
-
-    def _update(self, rid: int, n: int) -> np.ndarray:
+    def _update(self, rid: int) -> None:
+        """Mirror ``rid``'s list: the blocks added since, or a fresh region for a new list."""
         blocks = self.blocks[rid]
         mirror = self.mirrors.get(rid)
         if mirror is None or mirror[0] is not blocks:
@@ -87,7 +81,6 @@ class Holdings:
             buf[filled : len(blocks)] = blocks[filled:]
             mirror[1] = len(blocks)
         self.mirrored[rid], self.list_id[rid] = len(blocks), id(blocks)
-        return buf[: min(n, len(blocks))]
 
     def _region(self, rid: int, size: int) -> np.ndarray:
         """A fresh region of ``size`` ids for ``rid``'s mirror (the arena rebuilt when full)."""
