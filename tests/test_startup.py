@@ -119,3 +119,37 @@ def test_a_synthetic_run_never_imports_pandas(tmp_path):
 
 def test_the_run_probe_sees_pandas_used(tmp_path):
     assert used_by_a_run(tmp_path, control=True) == ["DataFrame"]
+
+
+FITTED_RUN = """
+seed: 0
+model: llama-3-8b
+hardware: h100-sxm
+workload:
+  kind: fitted
+  from: {format: azure, path: conv.csv}
+  num_requests: 8
+  arrival: {kind: poisson, rate: 4.0}
+engine: {max_num_seqs: 8, max_batched_tokens: 1024}
+kv: {mode: hbm}
+"""
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n"
+    "2023-11-16 18:15:51.2224670,879,55\n"
+)
+
+
+def test_a_run_fitted_to_a_csv_trace_never_imports_pandas(tmp_path):
+    """The CSV trace is read without pandas (sim.workload.csvfast): a ``kvsim run`` fitted
+    to an Azure trace ends with no pandas in the interpreter, and has read the trace."""
+    (tmp_path / "conv.csv").write_text(AZURE)
+    config = tmp_path / "fitted.yaml"
+    config.write_text(FITTED_RUN)
+    out = tmp_path / "run"
+    loaded = loaded_after(f"'run', {str(config)!r}, '--out', {str(out)!r}, '--quiet'")
+    assert "simpy" in loaded
+    assert [m for m in ("pandas", "matplotlib", "tqdm") if m in loaded] == []
+    workload = json.loads((out / "summary.json").read_text())["workload"]
+    assert workload["rows_in_file"] == 3 and workload["requests"] == 3

@@ -45,6 +45,7 @@ _DECIMAL_COLUMN = re.compile(rf"{_DEC}(?:\n{_DEC})*")
 _NOT_A_NUMBER = re.compile(r"[a-df-zA-DF-Z:/]")  # a letter other than e, or ':' or '/'
 _NUMBER_WORD = re.compile(r"inf|nan", re.IGNORECASE)
 _ASCII = re.compile(r"[\x00-\x7f]*")
+_DIGIT = re.compile(r"[0-9]")
 
 
 class Unhandled(Exception):
@@ -62,10 +63,10 @@ class CsvColumns:
 
 def certainly_not_a_number(text: str) -> bool:
     """Whether no number parser (pandas' C parser, ``to_numeric``, Python's ``float``)
-    reads ``text`` as a number: ASCII text with a letter other than ``e``/``E`` (and no
-    ``inf``/``nan``), a ``:`` or a ``/``."""
+    reads ``text`` as a number: ASCII text without ``inf``/``nan`` that has no digit, or a
+    letter other than ``e``/``E``, a ``:`` or a ``/``."""
     return (
-        _NOT_A_NUMBER.search(text) is not None
+        (_NOT_A_NUMBER.search(text) is not None or _DIGIT.search(text) is None)
         and _NUMBER_WORD.search(text) is None
         and _ASCII.fullmatch(text) is not None
     )
@@ -115,10 +116,11 @@ def _read(path: Path, data: bytes, skip_bad: bool) -> CsvColumns:
         map(operator.methodcaller("count", ","), body), dtype=np.int64, count=len(body)
     )
     line = np.arange(len(body), dtype=np.int64) + 2
-    if (commas == n - 1).all():  # every line whole: one split of all of them
+    if not body:
+        fields, skipped = [[] for _ in names], 0
+    elif (commas == n - 1).all():  # every line whole: one split of all of them
         flat = ",".join(body).split(",")
-        fields = [flat[j::n] for j in range(n)]
-        skipped = 0
+        fields, skipped = [flat[j::n] for j in range(n)], 0
     else:
         fields, line, skipped = _ragged(path, body, commas, n, skip_bad)
     typed = [_typed(values) for values in fields]

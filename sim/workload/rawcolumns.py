@@ -55,7 +55,8 @@ class RawColumns:
         if self.frame is not None:
             return self.frame[name]
         values = self.arrays[name]
-        return pd.Series(values, name=name, dtype="str" if values.dtype == object else None)
+        strings = values.dtype == object and len(values) > 0  # (a header alone: objects)
+        return pd.Series(values, name=name, dtype="str" if strings else None)
 
     def take(self, index: np.ndarray) -> RawColumns:
         """The rows at ``index`` (int positions, in that order)."""
