@@ -167,7 +167,7 @@ def _typed(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     if not values:
         return np.zeros(0, dtype=object), none
     if _INT_COLUMN.fullmatch("\n".join(values)):
-        return np.array(values).astype(np.int64), none
+        return np.fromiter(map(int, values), dtype=np.int64, count=len(values)), none
     missing = np.fromiter(map(NA_VALUES.__contains__, values), dtype=bool, count=len(values))
     present = [text for text, gone in zip(values, missing.tolist(), strict=True) if not gone]
     if not present:

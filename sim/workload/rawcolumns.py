@@ -87,10 +87,11 @@ def numbers(raw: RawColumns, name: str) -> np.ndarray:
     return numeric.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-_ISO = re.compile(
-    r"((?:19|20)[0-9]{2}-[01][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-5][0-9]"
-    r"(?:\.[0-9]{1,9})?)(Z|[+-][01][0-9]:[0-5][0-9])?"
+_STAMP = (
+    r"(?:19|20)[0-9]{2}-[01][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-5][0-9]"
+    r"(?:\.[0-9]{1,9})?"
 )
+_ISO = re.compile(rf"({_STAMP})(Z|[+-][01][0-9]:[0-5][0-9])?")
 
 
 def datetimes_ns(raw: RawColumns, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -118,23 +119,22 @@ def _plain_datetimes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None
     """Date-times all in one plain form (``YYYY-MM-DD HH:MM:SS[.fraction]``, one zone
     suffix or none, years 1900-2099) or missing, parsed by numpy; else None."""
     texts = values.tolist()
-    invalid = np.fromiter((not isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
-    stamps, zones = [], set()
-    for text in texts:
-        if isinstance(text, str):
-            match = _ISO.fullmatch(text)
-            if match is None:
-                return None
-            stamps.append(match[1])
-            zones.add(match[2])
-    if len(zones) > 1:
-        return None  # (mixed zones: pandas refuses them)
+    invalid = np.fromiter((type(t) is not str for t in texts), dtype=bool, count=len(texts))
+    stamps = texts if not invalid.any() else [t for t in texts if type(t) is str]
+    first = _ISO.fullmatch(stamps[0]) if stamps else None
+    if first is None:
+        return None
+    zone = first[2] or ""
+    one_form = re.compile(rf"{_STAMP}{re.escape(zone)}(?:\n{_STAMP}{re.escape(zone)})*")
+    if one_form.fullmatch("\n".join(stamps)) is None:
+        return None  # (another form, or another zone: mixed zones pandas refuses)
+    if zone:
+        stamps = [text[: -len(zone)] for text in stamps]
     try:
         parsed = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
     except ValueError:
         return None  # (a day or hour out of range)
-    zone = next(iter(zones), None)
-    if zone is not None and zone != "Z":
+    if zone not in ("", "Z"):
         sign = -1 if zone[0] == "-" else 1
         parsed -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60) * 10**9
     ns = np.zeros(len(texts), dtype=np.int64)
