@@ -153,3 +153,33 @@ def test_a_run_fitted_to_a_csv_trace_never_imports_pandas(tmp_path):
     assert [m for m in ("pandas", "matplotlib", "tqdm") if m in loaded] == []
     workload = json.loads((out / "summary.json").read_text())["workload"]
     assert workload["rows_in_file"] == 3 and workload["requests"] == 3
+
+
+QUICK_EXIT_PROBE = """
+import atexit, pathlib, sys
+atexit.register(pathlib.Path(sys.argv[3]).write_text, "ran")
+sys.argv = ["kvsim", "run", sys.argv[1], "--out", sys.argv[2], "--quiet"]
+import sim.cli
+code = sim.cli.main()
+print("main returned", code)
+"""
+
+
+def test_a_run_as_the_program_skips_teardown_but_not_exit_handlers(tmp_path):
+    """Called as the program, a successful ``kvsim run`` ends the process in ``main``
+    (sim.cli.quick_exit): its output is flushed to a pipe, its files are written, the
+    ``atexit`` handlers ran, and status 0; a failing one returns its status as before."""
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL_RUN)
+    out, marker = tmp_path / "run", tmp_path / "atexit"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", QUICK_EXIT_PROBE, str(config), str(out), str(marker)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {out}/"  # (not "main returned")
+    assert marker.read_text() == "ran"
+    assert (out / "timeline.parquet").is_file() and (out / "summary.json").is_file()
+    argv[3] = str(tmp_path / "missing.yaml")
+    failed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    assert failed.stdout.splitlines()[-1] == "main returned 2"
+    assert "kvsim: error:" in failed.stderr
