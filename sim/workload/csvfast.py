@@ -116,6 +116,7 @@ def _read(path: Path, data: bytes, skip_bad: bool) -> CsvColumns:
         map(operator.methodcaller("count", ","), body), dtype=np.int64, count=len(body)
     )
     line = np.arange(len(body), dtype=np.int64) + 2
+    fields: list[list[str]]
     if not body:
         fields, skipped = [[] for _ in names], 0
     elif (commas == n - 1).all():  # every line whole: one split of all of them
