@@ -213,3 +213,17 @@ def test_long_rows_name_their_line_or_are_skipped(tmp_path) -> None:
         read_csv_fast(path, path.read_bytes(), skip_bad=False)
     got = read_csv_fast(path, path.read_bytes(), skip_bad=True)
     assert got is not None and got.line.tolist() == [2, 5] and got.skipped == 1
+
+
+def test_a_big_file_is_left_to_pandas(tmp_path, monkeypatch) -> None:
+    """Over FAST_MAX_BYTES pandas reads the file (its C parser wins there); the same rows."""
+    from sim.workload import csvfast
+    from sim.workload.tracefile import read_csv
+
+    path = tmp_path / "t.csv"
+    path.write_text("a,b\n1,x\n2,y\n")
+    small = read_csv(path, skip_bad=False)
+    monkeypatch.setattr(csvfast, "FAST_MAX_BYTES", 8)
+    big = read_csv(path, skip_bad=False)
+    assert small.columns.frame is None and big.columns.frame is not None
+    assert all(same_values(small.columns[n], big.columns[n]) for n in ("a", "b"))
