@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -74,7 +75,8 @@ def quick_exit(code: int) -> NoReturn:
     whose work is done and whose files are closed."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        with contextlib.suppress(OSError, ValueError):  # (a reader gone: a closed pipe)
+            stream.flush()
     os._exit(code)
 
 
