@@ -57,15 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(plugins=not argv or argv[0] not in builtin).parse_args(argv)
     try:
         code = int(args.func(args) or 0)
-        if program and getattr(args, "quick_exit", False):
-            quick_exit(code)
-        return code
     except KvsimError as error:
         if _is_invariant_violation(error):
             print(f"kvsim: internal error (please report it): {error}", file=sys.stderr)
             return EXIT_INVARIANT
         print(f"kvsim: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if program and getattr(args, "quick_exit", False):
+        quick_exit(code)
+    return code
 
 
 def quick_exit(code: int) -> NoReturn:
