@@ -8,9 +8,13 @@ command's run loads no plugin (nor the entry points' metadata): it starts sooner
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from sim.errors import KvsimError
 
@@ -43,18 +47,37 @@ def _add_plugins(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; user errors print one message and exit with status 2."""
+    """Run one subcommand; user errors print one message and exit with status 2.
+
+    Called as the program (no ``argv``), a command that sets ``quick_exit`` (``run``) ends
+    the process when it succeeds, by :func:`quick_exit`."""
+    program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     builtin = {name.rsplit(".", 1)[-1] for name in BUILTIN_COMMANDS}
     args = build_parser(plugins=not argv or argv[0] not in builtin).parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except KvsimError as error:
         if _is_invariant_violation(error):
             print(f"kvsim: internal error (please report it): {error}", file=sys.stderr)
             return EXIT_INVARIANT
         print(f"kvsim: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if program and getattr(args, "quick_exit", False):
+        quick_exit(code)
+    return code
+
+
+def quick_exit(code: int) -> NoReturn:
+    """End the process with ``code`` now: run the ``atexit`` handlers and flush stdout and
+    stderr, as an interpreter's exit does, but skip the rest of its teardown, which frees the
+    finished run's objects one by one (~0.05 s after a run; issue 29). Only for a process
+    whose work is done and whose files are closed."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # (a reader gone: a closed pipe)
+            stream.flush()
+    os._exit(code)
 
 
 def _is_invariant_violation(error: BaseException) -> bool:

@@ -119,3 +119,67 @@ def test_a_synthetic_run_never_imports_pandas(tmp_path):
 
 def test_the_run_probe_sees_pandas_used(tmp_path):
     assert used_by_a_run(tmp_path, control=True) == ["DataFrame"]
+
+
+FITTED_RUN = """
+seed: 0
+model: llama-3-8b
+hardware: h100-sxm
+workload:
+  kind: fitted
+  from: {format: azure, path: conv.csv}
+  num_requests: 8
+  arrival: {kind: poisson, rate: 4.0}
+engine: {max_num_seqs: 8, max_batched_tokens: 1024}
+kv: {mode: hbm}
+"""
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n"
+    "2023-11-16 18:15:51.2224670,879,55\n"
+)
+
+
+def test_a_run_fitted_to_a_csv_trace_never_imports_pandas(tmp_path):
+    """The CSV trace is read without pandas (sim.workload.csvfast): a ``kvsim run`` fitted
+    to an Azure trace ends with no pandas in the interpreter, and has read the trace."""
+    (tmp_path / "conv.csv").write_text(AZURE)
+    config = tmp_path / "fitted.yaml"
+    config.write_text(FITTED_RUN)
+    out = tmp_path / "run"
+    loaded = loaded_after(f"'run', {str(config)!r}, '--out', {str(out)!r}, '--quiet'")
+    assert "simpy" in loaded
+    assert [m for m in ("pandas", "matplotlib", "tqdm") if m in loaded] == []
+    workload = json.loads((out / "summary.json").read_text())["workload"]
+    assert workload["rows_in_file"] == 3 and workload["requests"] == 3
+
+
+QUICK_EXIT_PROBE = """
+import atexit, pathlib, sys
+atexit.register(pathlib.Path(sys.argv[3]).write_text, "ran")
+sys.argv = ["kvsim", "run", sys.argv[1], "--out", sys.argv[2], "--quiet"]
+import sim.cli
+code = sim.cli.main()
+print("main returned", code)
+"""
+
+
+def test_a_run_as_the_program_skips_teardown_but_not_exit_handlers(tmp_path):
+    """Called as the program, a successful ``kvsim run`` ends the process in ``main``
+    (sim.cli.quick_exit): its output is flushed to a pipe, its files are written, the
+    ``atexit`` handlers ran, and status 0; a failing one returns its status as before."""
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL_RUN)
+    out, marker = tmp_path / "run", tmp_path / "atexit"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", QUICK_EXIT_PROBE, str(config), str(out), str(marker)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {out}/"  # (not "main returned")
+    assert marker.read_text() == "ran"
+    assert (out / "timeline.parquet").is_file() and (out / "summary.json").is_file()
+    argv[3] = str(tmp_path / "missing.yaml")
+    failed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
+    assert failed.stdout.splitlines()[-1] == "main returned 2"
+    assert "kvsim: error:" in failed.stderr

@@ -223,4 +223,4 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         help="verify invariants after every step and run of steps (engine.check; default: the "
         "config's)",
     )  # fmt: skip
-    parser.set_defaults(func=run_command)
+    parser.set_defaults(func=run_command, quick_exit=True)  # (see sim.cli.quick_exit)

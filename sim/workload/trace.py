@@ -19,6 +19,7 @@ from sim.config.workload import TraceSource, TraceWorkload
 from sim.errors import ConfigError, KvsimError
 from sim.workload import hashing
 from sim.workload.context import WorkloadContext, spawn_generators
+from sim.workload.rawcolumns import isin
 from sim.workload.requests import LoadReport, Requests
 from sim.workload.tracefile import layout_of
 from sim.workload.tracetable import TraceTable, read_trace
@@ -69,14 +70,13 @@ class Selection:
 def _filter_mask(table: TraceTable, source: TraceSource, key: str) -> np.ndarray:
     keep = np.ones(len(table), dtype=bool)
     for column, wanted in (source.filter or {}).items():
-        if column not in table.frame.columns:
-            found = ", ".join(map(repr, table.frame.columns))
+        if column not in table.columns:
+            found = ", ".join(map(repr, table.columns.names))
             raise ConfigError(
                 f"{table.path} has no column {column!r}; found: {found}",
                 key=f"{key}.filter.{column}",
             )
-        values = wanted if isinstance(wanted, list) else [wanted]
-        keep &= table.frame[column].isin(values).to_numpy()
+        keep &= isin(table.columns, column, wanted if isinstance(wanted, list) else [wanted])
     return keep
 
 

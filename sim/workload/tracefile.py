@@ -1,8 +1,9 @@
-"""Trace file formats and raw readers: a file becomes a DataFrame plus each row's line number.
+"""Trace file formats and raw readers: a file becomes raw columns plus each row's line number.
 
-Readers are vectorised: CSV through pandas' C parser; JSONL as one ``json.loads`` of the
-whole file wrapped into an array. Only when that fails does a slow pass parse each line on
-its own, to name the lines that are broken (and, with ``on_bad_rows: skip``, keep the rest).
+Readers are vectorised: CSV by :mod:`sim.workload.csvfast` (no pandas) or, for a file it
+leaves alone, pandas' C parser; JSONL as one ``json.loads`` of the whole file wrapped into
+an array. Only when that fails does a slow pass parse each line on its own, to name the
+lines that are broken (and, with ``on_bad_rows: skip``, keep the rest).
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from sim.config.workload import TraceSource
 from sim.errors import KvsimError
-
-if TYPE_CHECKING:
-    import pandas as pd
+from sim.workload.csvfast import read_csv_fast
+from sim.workload.rawcolumns import RawColumns
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,14 @@ def layout_of(source: TraceSource) -> Layout:
 
 @dataclass(frozen=True)
 class RawRows:
-    """A file's parsed rows, their 1-based line numbers, and the lines that did not parse.
+    """A file's parsed columns, their rows' 1-based line numbers, and the lines that did not
+    parse.
 
     ``unparsable`` holds (line, problem, text) for rows the reader could not turn into
     fields at all; ``skipped`` counts malformed lines the CSV parser dropped itself.
     """
 
-    frame: pd.DataFrame
+    columns: RawColumns
     line: np.ndarray
     unparsable: list[tuple[int, str, str]]
     skipped: int = 0
@@ -116,7 +117,7 @@ def read_jsonl(path: Path) -> RawRows:
         records = None
     if records is None or len(records) != len(texts) or set(map(type, records)) - {dict}:
         return _read_jsonl_slowly(texts, line_no)
-    return RawRows(pd.DataFrame.from_records(records), line_no, [])
+    return RawRows(RawColumns.of_frame(pd.DataFrame.from_records(records)), line_no, [])
 
 
 def _read_jsonl_slowly(texts: list[bytes], line_no: np.ndarray) -> RawRows:
@@ -136,7 +137,7 @@ def _read_jsonl_slowly(texts: list[bytes], line_no: np.ndarray) -> RawRows:
         records.append(record)
         good.append(line)
     frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
-    return RawRows(frame, np.asarray(good, dtype=np.int64), bad)
+    return RawRows(RawColumns.of_frame(frame), np.asarray(good, dtype=np.int64), bad)
 
 
 _FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
@@ -145,6 +146,14 @@ _SKIPPED = re.compile(r"Skipping line (\d+)")
 
 def read_csv(path: Path, skip_bad: bool) -> RawRows:
     """A CSV with a header line; fully empty rows (blank lines) are dropped."""
+    fast = read_csv_fast(path, path.read_bytes(), skip_bad)
+    if fast is not None:
+        return RawRows(RawColumns(fast.columns), fast.line, [], skipped=fast.skipped)
+    return read_csv_with_pandas(path, skip_bad)
+
+
+def read_csv_with_pandas(path: Path, skip_bad: bool) -> RawRows:
+    """:func:`read_csv` by pandas' C parser (for files :mod:`sim.workload.csvfast` leaves)."""
     import pandas as pd
 
     try:
@@ -176,7 +185,7 @@ def read_csv(path: Path, skip_bad: bool) -> RawRows:
     blank = frame.isna().all(axis=1).to_numpy()
     if blank.any():
         frame, line = frame.loc[~blank].reset_index(drop=True), line[~blank]
-    return RawRows(frame, line, [], skipped=len(skipped))
+    return RawRows(RawColumns.of_frame(frame), line, [], skipped=len(skipped))
 
 
 def flatten_lists(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

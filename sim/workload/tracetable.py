@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.errors import KvsimError
 from sim.workload.hashing import offsets_of
+from sim.workload.rawcolumns import RawColumns, datetimes_ns, factorize, numbers
 from sim.workload.tracefile import Layout, RawRows, flatten_lists, int_lists, read_raw
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
 SKIP_HINT = "set on_bad_rows: skip to skip bad rows"
@@ -38,7 +35,7 @@ class TraceTable:
             row i owns ``hash_ids[hash_offsets[i]:hash_offsets[i + 1]]``.
         hash_offsets: row offsets into ``hash_ids`` (length rows + 1), or None.
         hash_block_tokens: tokens per trace block (512 for Mooncake), or None.
-        frame: the raw columns, for ``filter``.
+        columns: the raw columns, for ``filter``.
         rows_in_file: data rows in the file; bad_rows: rows skipped as bad;
         failed_rows: failed requests dropped (BurstGPT rows with 0 response tokens).
     """
@@ -52,7 +49,7 @@ class TraceTable:
     hash_ids: np.ndarray | None
     hash_offsets: np.ndarray | None
     hash_block_tokens: int | None
-    frame: pd.DataFrame
+    columns: RawColumns
     rows_in_file: int
     bad_rows: int = 0
     failed_rows: int = 0
@@ -77,7 +74,7 @@ class TraceTable:
             session=None if self.session is None else self.session[index],
             hash_ids=hash_ids,
             hash_offsets=offsets,
-            frame=self.frame.iloc[index].reset_index(drop=True),
+            columns=self.columns.take(index),
         )
 
 
@@ -97,13 +94,13 @@ class BadRows:
         if self.first is None or line < self.first[0]:
             self.first = (line, message)
 
-    def add(self, mask: np.ndarray, field: str, expected: str, values: pd.Series) -> None:
+    def add(self, mask: np.ndarray, field: str, expected: str, values: np.ndarray) -> None:
         """Mark the rows in ``mask`` bad: ``field`` held ``values`` where ``expected`` was due."""
         if not mask.any():
             return
         self.bad |= mask
         i = int(np.flatnonzero(mask)[0])
-        value = values.iloc[i]
+        value = values[i]
         shown = "nothing (missing)" if _is_missing(value) else _shorten(value)
         self._note(int(self.line[i]), f"field '{field}': expected {expected}, got {shown}")
 
@@ -135,24 +132,24 @@ def _shorten(value: object, limit: int = 80) -> str:
 def read_trace(path: Path, layout: Layout, skip_bad: bool) -> TraceTable:
     """Read and check a whole trace file (see the module docstring for bad rows)."""
     raw = read_raw(path, layout.reader, skip_bad)
-    frame = raw.frame
-    if len(frame) == 0:
+    columns = raw.columns
+    if len(columns) == 0:
         if not raw.unparsable:
             raise KvsimError(f"{path}: no data rows")
         BadRows(path, raw).resolve(skip_bad)
         raise KvsimError(f"{path}: no valid rows ({len(raw.unparsable)} bad)")
     for name in (layout.arrival, layout.prompt_tokens, layout.output_tokens, layout.hash_ids):
         if name is not None:
-            _require_column(path, layout, frame, name)
-    session_column = next((c for c in layout.session if c in frame.columns), None)
+            _require_column(path, layout, columns, name)
+    session_column = next((c for c in layout.session if c in columns), None)
     if layout.session_required and session_column is None:
-        _require_column(path, layout, frame, layout.session[0])
+        _require_column(path, layout, columns, layout.session[0])
 
     bad = BadRows(path, raw)
-    times = _times(frame[layout.arrival], layout, bad)
-    prompt = _tokens(frame, layout.prompt_tokens, bad, allow_zero=False)
-    output = _tokens(frame, layout.output_tokens, bad, allow_zero=layout.zero_output_is_failure)
-    hashes = _hash_ids(frame, layout, prompt, bad) if layout.hash_ids else None
+    times = _times(columns, layout, bad)
+    prompt = _tokens(columns, layout.prompt_tokens, bad, allow_zero=False)
+    output = _tokens(columns, layout.output_tokens, bad, allow_zero=layout.zero_output_is_failure)
+    hashes = _hash_ids(columns, layout, prompt, bad) if layout.hash_ids else None
     keep = bad.resolve(skip_bad)
     failed = keep & (output == 0)
     keep &= ~failed
@@ -165,12 +162,12 @@ def read_trace(path: Path, layout: Layout, skip_bad: bool) -> TraceTable:
         arrival_s=times,
         prompt_tokens=prompt,
         output_tokens=output,
-        session=_sessions(frame[session_column]) if session_column else None,
+        session=factorize(columns, session_column) if session_column else None,
         hash_ids=None if hashes is None else hashes[0],
         hash_offsets=None if hashes is None else offsets_of(hashes[1]),
         hash_block_tokens=layout.hash_block_tokens if hashes is not None else None,
-        frame=frame,
-        rows_in_file=len(frame) + bad.unparsable,
+        columns=columns,
+        rows_in_file=len(columns) + bad.unparsable,
         bad_rows=bad.count,
         failed_rows=int(failed.sum()),
     )
@@ -180,63 +177,45 @@ def read_trace(path: Path, layout: Layout, skip_bad: bool) -> TraceTable:
     return replace(table, arrival_s=table.arrival_s - origin)
 
 
-def _require_column(path: Path, layout: Layout, frame: pd.DataFrame, name: str) -> None:
-    if name in frame.columns:
+def _require_column(path: Path, layout: Layout, columns: RawColumns, name: str) -> None:
+    if name in columns:
         return
     where = f"{path}:1: column" if layout.reader == "csv" else f"{path}: no row has the key"
-    found = ", ".join(map(repr, frame.columns)) or "none"
+    found = ", ".join(map(repr, columns.names)) or "none"
     raise KvsimError(f"{where} '{name}' (expected for this format); found: {found}")
 
 
-def _sessions(column: pd.Series) -> np.ndarray:
-    """Session ids as int64 codes in order of first appearance (-1: missing)."""
-    import pandas as pd  # (with a trace read: a run without one needs no pandas)
-
-    codes, _ = pd.factorize(column, use_na_sentinel=True)
-    return codes.astype(np.int64)
-
-
-def _times(column: pd.Series, layout: Layout, bad: BadRows) -> np.ndarray:
+def _times(columns: RawColumns, layout: Layout, bad: BadRows) -> np.ndarray:
     """Timestamps in seconds (any origin); bad values become 0 and are marked bad."""
-    import pandas as pd
-
+    values = columns[layout.arrival]
     if layout.time_unit == "datetime":
-        parsed = pd.to_datetime(column, format="ISO8601", errors="coerce")
-        if isinstance(parsed.dtype, pd.DatetimeTZDtype):
-            parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
-        invalid = parsed.isna().to_numpy()
-        bad.add(invalid, layout.arrival, "a date-time such as 2023-11-16 18:17:03.98", column)
-        ns = parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-        ns[invalid] = 0
+        ns, invalid = datetimes_ns(columns, layout.arrival)
+        bad.add(invalid, layout.arrival, "a date-time such as 2023-11-16 18:17:03.98", values)
         seconds = (ns - (ns[~invalid].min() if (~invalid).any() else 0)) / 1e9
         return np.where(invalid, 0.0, seconds)
-    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    invalid = ~np.isfinite(values)
-    bad.add(invalid, layout.arrival, f"a number (time in {layout.time_unit})", column)
-    return np.where(invalid, 0.0, values) * SECONDS_PER_UNIT[layout.time_unit]
+    numeric = numbers(columns, layout.arrival)
+    invalid = ~np.isfinite(numeric)
+    bad.add(invalid, layout.arrival, f"a number (time in {layout.time_unit})", values)
+    return np.where(invalid, 0.0, numeric) * SECONDS_PER_UNIT[layout.time_unit]
 
 
-def _tokens(frame: pd.DataFrame, name: str, bad: BadRows, allow_zero: bool) -> np.ndarray:
+def _tokens(columns: RawColumns, name: str, bad: BadRows, allow_zero: bool) -> np.ndarray:
     """A token-count column as int64; bad values become 1 and are marked bad."""
-    import pandas as pd
-
-    column = frame[name]
-    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    values = numbers(columns, name)
     with np.errstate(invalid="ignore"):
         invalid = ~np.isfinite(values) | (values != np.floor(values))
         invalid |= values < 0 if allow_zero else values <= 0
     expected = "a whole number of tokens >= 0" if allow_zero else "a whole number of tokens > 0"
-    bad.add(invalid, name, expected, column)
+    bad.add(invalid, name, expected, columns[name])
     return np.where(invalid, 1, values).astype(np.int64)
 
 
 def _hash_ids(
-    frame: pd.DataFrame, layout: Layout, prompt: np.ndarray, bad: BadRows
+    columns: RawColumns, layout: Layout, prompt: np.ndarray, bad: BadRows
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat prefix-block ids and per-row counts (at most one id per started block)."""
     assert layout.hash_ids is not None and layout.hash_block_tokens is not None
-    column = frame[layout.hash_ids]
-    values = column.to_numpy(dtype=object)
+    column = values = np.asarray(columns[layout.hash_ids], dtype=object)
     flat = flatten_lists(values)
     if flat is None:  # slow path, only for a broken file: find the rows that are not lists
         good = int_lists(values)
@@ -259,6 +238,6 @@ def _hash_ids(
             too_many,
             layout.hash_ids,
             f"at most one id per {layout.hash_block_tokens}-token block of {layout.prompt_tokens}",
-            column.map(lambda v: f"{len(v)} ids" if isinstance(v, list) else v),
+            np.array([f"{len(v)} ids" if isinstance(v, list) else v for v in column], object),
         )
     return ids, counts
