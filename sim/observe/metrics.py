@@ -200,7 +200,7 @@ def _time_mean(starts: np.ndarray, values: np.ndarray, a: float, b: float) -> fl
         return 0.0
     stops = np.append(starts[1:], np.inf)
     overlap = np.clip(np.minimum(stops, b) - np.maximum(starts, a), 0.0, None)
-    return float(values @ overlap) / (b - a)
+    return float(np.sum(values * overlap)) / (b - a)  # (not a BLAS dot: its threads split the sum)
 
 
 def tier_summary(instances: Sequence[Instance], pool: bool = False) -> dict:
