@@ -50,10 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; user errors print one message and exit with status 2.
 
     Called as the program (no ``argv``), a command that sets ``quick_exit`` (``run``) ends
-    the process when it succeeds, by :func:`quick_exit`."""
+    the process when it succeeds, by :func:`quick_exit`. A built-in command (none does
+    linear algebra) starts numpy's BLAS on one thread (:func:`limit_blas_threads`)."""
     program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     builtin = {name.rsplit(".", 1)[-1] for name in BUILTIN_COMMANDS}
+    if argv and argv[0] in builtin:
+        limit_blas_threads(1)
     args = build_parser(plugins=not argv or argv[0] not in builtin).parse_args(argv)
     try:
         code = int(args.func(args) or 0)
@@ -66,6 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program and getattr(args, "quick_exit", False):
         quick_exit(code)
     return code
+
+
+def limit_blas_threads(threads: int) -> None:
+    """Start numpy's BLAS (OpenBLAS, or MKL) with ``threads`` threads, unless numpy is loaded
+    already or the environment says otherwise. For commands that do no linear algebra (the
+    validation package's torch kernels keep their threads): with a thread a core, OpenBLAS
+    spends ~55 ms starting them as numpy loads (two cores), and a long dot product's
+    rounding would depend on the machine's core count."""
+    if "numpy" in sys.modules:
+        return
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, str(threads))
 
 
 def quick_exit(code: int) -> NoReturn:

@@ -183,3 +183,33 @@ def test_a_run_as_the_program_skips_teardown_but_not_exit_handlers(tmp_path):
     failed = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO)
     assert failed.stdout.splitlines()[-1] == "main returned 2"
     assert "kvsim: error:" in failed.stderr
+
+
+BLAS_PROBE = """
+import json, os, sys
+import sim.cli
+sim.cli.main(sys.argv[1:])
+import numpy  # (loaded by the command, with the environment it saw)
+tasks = len(os.listdir("/proc/self/task"))
+print(json.dumps([os.environ.get("OPENBLAS_NUM_THREADS"), tasks]))
+"""
+
+
+def blas_after(argv: list[str], **env: str) -> list:
+    environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    environ.update(PYTHONPATH=str(REPO), **env)
+    out = subprocess.run(
+        [sys.executable, "-c", BLAS_PROBE, *argv],
+        capture_output=True, text=True, env=environ, cwd=REPO, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_without_linear_algebra_starts_one_blas_thread(tmp_path):
+    """``kvsim trace stats`` loads numpy with OpenBLAS on one thread: the variable is set
+    before numpy loads, and the process runs no BLAS worker thread (one thread in all); a
+    value the environment gives is kept."""
+    (tmp_path / "conv.csv").write_text(AZURE)
+    argv = ["trace", "stats", str(tmp_path / "conv.csv"), "--format", "azure"]
+    assert blas_after(argv) == ["1", 1]
+    assert blas_after(argv, OPENBLAS_NUM_THREADS="2")[0] == "2"
