@@ -14,11 +14,11 @@ import pytest
 from sim.config.loader import load_hardware
 from sim.config.model import ModelSpec
 from sim.cost.roofline import CostModel, CostParams
+from tests.validation.bounds import STEP_MAPE_BOUND
 from validation.fit import fit_gemm
 from validation.opsfit import calibrated_spec, fit_ops
 from validation.profile import efficiency_text
 
-STEP_MAPE_BOUND = 0.20  # issue 7's step bound of the CPU validation (test_cpu_validation)
 # the mini-engine's CPU model (validation.scenario.MINI_CPU)
 MINI = ModelSpec(name="mini", layers=4, hidden=512, heads=8, kv_heads=4, head_dim=64,
                  intermediate=1408, vocab=8192, dtype="fp32")  # fmt: skip
