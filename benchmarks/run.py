@@ -2,6 +2,7 @@
 
     python -m benchmarks.run [--quick] [--only KEY[,KEY...]] [--json FILE] [--repeat N]
                              [--max-requests N] [--instructions | --profile DIR]
+                             [--against TREE]
 
 Each workload runs in its own process (``--child KEY``), so peak RSS is its own. Columns:
 wall time (building the workload + simulating), its CPU time (what to compare on a shared
@@ -15,7 +16,10 @@ from ``$KVSIM_TRACES`` (else ``../shared/traces``). Figures depend on the machin
 its other load (compare CPU seconds, or with ``--instructions`` the instructions executed,
 counted by valgrind's callgrind: within 0.5% from run to run); docs/performance.md records
 a run. ``--profile DIR`` writes where each workload's time goes, as pyinstrument sees it, to
-``DIR/<key>.txt`` (its timings then include the profiler's overhead).
+``DIR/<key>.txt`` (its timings then include the profiler's overhead). ``--against TREE``
+runs each workload here and in another checkout at the same moment, one process each, and
+prints the ratio of their CPU seconds: on a shared machine a tree's seconds move by tens of
+percent within the hour, a pair's ratio much less.
 """
 
 from __future__ import annotations
@@ -303,6 +307,9 @@ def _profiler() -> Profiler:
 CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
 
 
+HERE = Path(__file__).resolve().parents[1]  # this tree
+
+
 def run_one(
     key: str,
     max_requests: int | None = None,
@@ -312,21 +319,43 @@ def run_one(
     """Run ``key`` in a fresh interpreter; its figures (``instructions``: under callgrind,
     with the instructions it executed, imports and the workload's build included;
     ``profile``: pyinstrument's report written to that file)."""
+    return _finish(_start(key, max_requests, instructions, profile), instructions)
+
+
+def run_pair(
+    key: str, against: Path, max_requests: int | None = None, instructions: bool = False
+) -> tuple[dict, dict]:
+    """Run ``key`` in this tree and in the tree ``against`` at the same moment, one process
+    each (on a shared machine, their ratio holds where each one's seconds do not)."""
+    procs = [_start(key, max_requests, instructions, None, tree) for tree in (HERE, against)]
+    mine, theirs = (_finish(proc, instructions) for proc in procs)
+    return mine, theirs
+
+
+def _start(
+    key: str, max_requests: int | None, instructions: bool, profile: Path | None,
+    tree: Path = HERE,
+) -> subprocess.Popen:  # fmt: skip
+    """The child process of ``key`` in ``tree`` (its own ``sim`` and ``benchmarks``)."""
     cap = ["--max-requests", str(max_requests)] if max_requests else []
     cap += ["--profile-out", str(profile.resolve())] if profile else []
     command = [sys.executable, "-m", "benchmarks.run", "--child", key, *cap]
-    proc = subprocess.run(
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.Popen(
         [*CALLGRIND, *command] if instructions else command,
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tree, env=env,
+    )  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen, instructions: bool) -> dict:
+    """The figures a child printed (or its error)."""
+    stdout, stderr = proc.communicate()
     if proc.returncode != 0:
-        said = [line for line in proc.stderr.splitlines() if line and not line.startswith("==")]
+        said = [line for line in stderr.splitlines() if line and not line.startswith("==")]
         return {"error": said[-1] if said else f"exit status {proc.returncode}"}  # not valgrind's
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = json.loads(stdout.strip().splitlines()[-1])
     if instructions:
-        row["instructions"] = _collected(proc.stderr)
+        row["instructions"] = _collected(stderr)
     return row
 
 
@@ -393,6 +422,21 @@ def cluster_note(results: dict[str, dict]) -> str | None:
     return f"clusters (8 instances at 8x / 1 at 1x, target <= 2x time): {ratio:.2f}x"
 
 
+def pair_table(pairs: dict[str, tuple[dict, dict]], against: Path) -> str:
+    """Each pair's CPU seconds (and instructions, when counted) here and in ``against``."""
+    lines = [f"{'#':<6} {'CPU s':>8} {'against':>8} {'ratio':>6}  (against {against})"]
+    for key, (mine, theirs) in pairs.items():
+        if "error" in mine or "error" in theirs:
+            lines.append(f"{key:<6} error: {mine.get('error') or theirs.get('error')}")
+            continue
+        line = f"{key:<6} {mine['cpu_s']:>8.2f} {theirs['cpu_s']:>8.2f} "
+        line += f"{mine['cpu_s'] / theirs['cpu_s']:>6.3f}"
+        if "instructions" in mine and "instructions" in theirs:
+            line += f"  instructions {mine['instructions'] / theirs['instructions']:.3f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def select(only: str | None, quick: bool) -> list[str]:
     """Workload keys to run: ``--only`` keys or prefixes, else quick or all (never scale)."""
     if only:
@@ -433,6 +477,14 @@ def main() -> None:
         help="write pyinstrument's report of each workload to DIR/KEY.txt (times then include "
         "the profiler's overhead)",
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="TREE",
+        help="run each workload in this tree and in TREE (another checkout, e.g. a git "
+        "worktree of the commit before) at the same moment, one process each, and print the "
+        "ratio of their CPU seconds",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -447,10 +499,22 @@ def main() -> None:
         raise SystemExit("--profile: pyinstrument is not installed (pip install pyinstrument)")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
+    if args.against is not None and (args.profile or args.repeat != 1):
+        raise SystemExit("--against: runs each pair once, without --profile or --repeat")
+    if args.against is not None and not (args.against / "benchmarks" / "run.py").is_file():
+        raise SystemExit(f"--against {args.against}: no benchmarks/run.py there")
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} cores; python {sys.version.split()[0]}")
     results: dict[str, dict] = {}
+    pairs: dict[str, tuple[dict, dict]] = {}
     for key in select(args.only, args.quick):
+        if args.against is not None:
+            pairs[key] = run_pair(key, args.against.resolve(), args.max_requests, args.instructions)
+            results[key] = row = pairs[key][0]
+            if "error" not in row:
+                row.update(_rates(row))
+            print(pair_table({key: pairs[key]}, args.against).splitlines()[-1], flush=True)
+            continue
         profile = args.profile / f"{key}.txt" if args.profile else None
         runs = [
             run_one(key, args.max_requests, args.instructions, profile) for _ in range(args.repeat)
@@ -463,6 +527,8 @@ def main() -> None:
         print(format_table({key: row}).splitlines()[-1], flush=True)
     print()
     print(format_table(results))
+    if pairs:
+        print(pair_table(pairs, args.against))
     for note in (scaling_note(results), cluster_note(results)):
         if note:
             print(note)
@@ -473,6 +539,11 @@ def main() -> None:
         "max_requests": args.max_requests,
         "results": results,
     }
+    if pairs:
+        report["against"] = {
+            "tree": str(args.against),
+            "results": {k: p[1] for k, p in pairs.items()},
+        }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
 

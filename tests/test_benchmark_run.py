@@ -86,3 +86,40 @@ def test_the_cluster_workload_is_2b_at_eight_times_the_rate_on_eight_instances()
     }
     assert run.cluster_note({"2b": {"wall_s": 50.0}, "7": {"wall_s": 80.0}}).endswith("1.60x")
     assert run.cluster_note({"7": {"wall_s": 80.0}}) is None
+
+
+def test_the_pair_table_gives_each_pairs_cpu_ratio():
+    """3 CPU s here against 4 there: 0.750; instructions 2 G against 2.5 G: 0.800x; a pair
+    with an error says so."""
+    here = {"cpu_s": 3.0, "instructions": 2_000_000_000}
+    there = {"cpu_s": 4.0, "instructions": 2_500_000_000}
+    table = run.pair_table({"1": (here, there), "2a": ({"error": "boom"}, there)}, "../base")
+    lines = table.splitlines()
+    assert lines[1].split() == ["1", "3.00", "4.00", "0.750", "instructions", "0.800x"]
+    assert lines[2].split() == ["2a", "error:", "boom"]
+
+
+def test_a_pair_runs_in_both_trees(tmp_path):
+    """``kvsim --help`` timed here and in a second checkout of this tree (a copy of what the
+    child imports): both rows have their figures."""
+    import shutil
+
+    for name in ("sim", "policies", "benchmarks", "hardware_profiles", "model_profiles"):
+        shutil.copytree(run.HERE / name, tmp_path / name)
+    mine, theirs = run.run_pair("help", tmp_path)
+    assert mine["cpu_s"] > 0 and theirs["cpu_s"] > 0 and "error" not in theirs
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--repeat", "2"], "without --profile or --repeat"), ([], "no benchmarks/run.py there")],
+)
+def test_against_is_refused_with_one_message(monkeypatch, tmp_path, argv, message):
+    monkeypatch.setattr(
+        sys, "argv", ["benchmarks.run", "--only", "help", "--against", str(tmp_path), *argv]
+    )
+    if argv:
+        (tmp_path / "benchmarks").mkdir()
+        (tmp_path / "benchmarks" / "run.py").write_text("")
+    with pytest.raises(SystemExit, match=message):
+        run.main()
