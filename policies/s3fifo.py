@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Container, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -175,6 +175,64 @@ class S3FIFO(EvictionPolicy):
             forget(key, from_small)
             out.append(key)
         return out
+
+    def insert_evicting(
+        self, keys: Sequence[int], free: int, now: float = 0.0, pinned: PinnedMask = None,
+        stop: Container[int] = (),
+    ) -> tuple[int, list[int]]:  # fmt: skip
+        """:meth:`EvictionPolicy.insert_evicting` in one pass: each eviction step (as
+        :meth:`_step`, no key pinned) and each insert (as :meth:`on_insert`, after the first
+        eviction: into S, or into M on a ghost hit) taken inline on the real queues."""
+        if pinned is not None or self._ghost_hit or free >= len(keys):
+            return super().insert_evicting(keys, free, now, pinned, stop)
+        if free > 0:
+            self.on_insert_many(list(keys[:free]), now)
+        self._plan = None
+        self._evicted = True  # (set by the first victim below)
+        small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
+        main_size, threshold, ghost_size = self.main_size, self.threshold, self.ghost_size
+        pop_small, pop_main, pop_ghost = small.popitem, main.popitem, ghost.popitem
+        victims: list[int] = []
+        done = free
+        for key in keys[free:]:
+            victim = -1
+            if small and len(main) <= main_size:  # scan S first
+                for _ in range(len(small)):
+                    k = pop_small(False)[0]
+                    if freq[k] >= threshold:
+                        freq[k] = 0
+                        main[k] = None
+                    else:
+                        victim = k
+                        break
+            if victim >= 0:  # from S: into the ghost
+                if ghost_size > 0:
+                    ghost[victim] = None
+                    if len(ghost) > ghost_size:
+                        pop_ghost(False)
+            else:  # scan M (every count reaches 0 within four rounds)
+                while True:
+                    k = pop_main(False)[0]
+                    count = freq[k]
+                    if count > 0:
+                        freq[k] = count - 1 if count <= 3 else 2
+                        main[k] = None
+                    else:
+                        victim = k
+                        break
+            del freq[victim]
+            victims.append(victim)
+            if key in ghost:
+                del ghost[key]
+                main[key] = None
+            else:
+                small[key] = None
+            freq[key] = 0
+            done += 1
+            if victim in stop:
+                break
+        self._version += done - free
+        return done, victims
 
     def _forget_victim(self, key: int, from_small: bool) -> None:
         """An evicted ``key`` (out of its queue) is forgotten; a victim from S enters the ghost."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from itertools import filterfalse, groupby
 
 import numpy as np
@@ -87,6 +88,51 @@ class Tier:
         self.resident += len(blocks)
         self.evictable.update(blocks.tolist())
         many(blocks, now)
+
+    def add_evicting(
+        self, blocks: list[int], now: float, stop: Container[int] = ()
+    ) -> tuple[int, list[int]]:
+        """:meth:`add` each of ``blocks`` (distinct, none resident here) as evictable, in
+        order, each first evicting one victim (:meth:`evict`) when the tier is full: the
+        policy's inserts and evictions interleaved as one at a time would take them (a
+        victim may be a block added earlier in the run). Stops after the block whose victim
+        is in ``stop``; adds none when the tier is full with nothing evictable (the later
+        ones then fit no more than the first: each one added is evictable).
+
+        Returns (how many of ``blocks`` were added, the victims in order): the first
+        ``free_slots`` evicted none, each later one exactly one.
+        """
+        free = self.free_slots
+        if not blocks or (free == 0 and not self.evictable):
+            return 0, []
+        if free >= len(blocks):
+            self.add_evictable_many(np.asarray(blocks, dtype=np.int64), now)
+            return len(blocks), []
+        if self._positions or self.resident > self.capacity:  # (a position before each insert)
+            return self._add_evicting_each(blocks, now, stop)
+        pinned = self._with_held(None) if self.held and not self._held_out else None
+        done, victims = self.policy.insert_evicting(blocks, free, now, pinned, stop)
+        added = blocks[:done]
+        where = self.table.where[self.index]
+        where[added] = True
+        where[victims] = False  # (after: a block added, then evicted, is not resident)
+        self.resident += done - len(victims)
+        self.evictable.update(added)
+        self.evictable.difference_update(victims)
+        return done, victims
+
+    def _add_evicting_each(
+        self, blocks: list[int], now: float, stop: Container[int]
+    ) -> tuple[int, list[int]]:
+        """:meth:`add_evicting` one block at a time."""
+        victims: list[int] = []
+        for i, b in enumerate(blocks):
+            out = self.evict(1) if self.resident >= self.capacity else []
+            victims.extend(out)
+            self.add(b, now, evictable=True)
+            if out and out[0] in stop:
+                return i + 1, victims
+        return len(blocks), victims
 
     def add_pinned(self, blocks: list[int]) -> None:
         """:meth:`add` each of ``blocks`` as in use (not evictable)."""
