@@ -160,41 +160,33 @@ class S3FIFO(EvictionPolicy):
         if pinned is not None:  # (a step that finds no victim must leave the queues as they were)
             return super().evict(n, pinned)
         self._plan = None
-        out: list[int] = []
-        step, forget, small, main, freq = (
-            self._step,
-            self._forget_victim,
-            self.small,
-            self.main,
-            self.freq,
-        )
-        for _ in range(n):
-            key, from_small = step(small, main, freq, _never)
-            if key is None:  # both queues empty: the step changed nothing
-                break
-            forget(key, from_small)
-            out.append(key)
-        return out
+        return self._steps(n, None, ())
 
     def insert_evicting(
         self, keys: Sequence[int], free: int, now: float = 0.0, pinned: PinnedMask = None,
         stop: Container[int] = (),
     ) -> tuple[int, list[int]]:  # fmt: skip
-        """:meth:`EvictionPolicy.insert_evicting` in one pass: each eviction step (as
-        :meth:`_step`, no key pinned) and each insert (as :meth:`on_insert`, after the first
-        eviction: into S, or into M on a ghost hit) taken inline on the real queues."""
+        """:meth:`EvictionPolicy.insert_evicting` in one pass (:meth:`_steps`)."""
         if pinned is not None or self._ghost_hit or free >= len(keys):
             return super().insert_evicting(keys, free, now, pinned, stop)
         if free > 0:
             self.on_insert_many(list(keys[:free]), now)
         self._plan = None
-        self._evicted = True  # (set by the first victim below)
+        victims = self._steps(len(keys) - free, keys[free:], stop)
+        self._version += len(victims)
+        return free + len(victims), victims
+
+    def _steps(self, n: int, keys: Sequence[int] | None, stop: Container[int]) -> list[int]:
+        """Up to ``n`` eviction steps on the real queues, no key pinned (as :meth:`_step`
+        then :meth:`_forget_victim`; none once both queues are empty), each victim followed,
+        when ``keys`` are given, by the insert of the next key (as :meth:`on_insert` after
+        an eviction: into S, or into M on a ghost hit); the victims, stopping after one in
+        ``stop``. Taken inline: this is the cascade's inner loop."""
         small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
         main_size, threshold, ghost_size = self.main_size, self.threshold, self.ghost_size
         pop_small, pop_main, pop_ghost = small.popitem, main.popitem, ghost.popitem
         victims: list[int] = []
-        done = free
-        for key in keys[free:]:
+        for i in range(n):
             victim = -1
             if small and len(main) <= main_size:  # scan S first
                 for _ in range(len(small)):
@@ -210,6 +202,8 @@ class S3FIFO(EvictionPolicy):
                     ghost[victim] = None
                     if len(ghost) > ghost_size:
                         pop_ghost(False)
+            elif not main:  # both queues empty: the step changed nothing
+                break
             else:  # scan M (every count reaches 0 within four rounds)
                 while True:
                     k = pop_main(False)[0]
@@ -222,17 +216,19 @@ class S3FIFO(EvictionPolicy):
                         break
             del freq[victim]
             victims.append(victim)
-            if key in ghost:
-                del ghost[key]
-                main[key] = None
-            else:
-                small[key] = None
-            freq[key] = 0
-            done += 1
-            if victim in stop:
-                break
-        self._version += done - free
-        return done, victims
+            if keys is not None:
+                key = keys[i]
+                if key in ghost:
+                    del ghost[key]
+                    main[key] = None
+                else:
+                    small[key] = None
+                freq[key] = 0
+                if victim in stop:
+                    break
+        if victims:
+            self._evicted = True
+        return victims
 
     def _forget_victim(self, key: int, from_small: bool) -> None:
         """An evicted ``key`` (out of its queue) is forgotten; a victim from S enters the ghost."""

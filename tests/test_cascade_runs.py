@@ -58,10 +58,13 @@ def loop_demote_evicting(self: Cascade, ids: np.ndarray, below: Tier) -> None:
 def loop_insert_evicting(
     policy: EvictionPolicy, keys: list[int], free: int, now: float, stop=()
 ) -> tuple[int, list[int]]:
-    """A pool's inserts one at a time: evict one victim once full, then insert."""
+    """A pool's inserts one at a time: once full, one victim (planned by ``victims``, then
+    forgotten by ``on_evict``, as the protocol defines an eviction), then the insert."""
     victims: list[int] = []
     for i, key in enumerate(keys):
-        out = [] if i < free else policy.evict(1)
+        out = [] if i < free else policy.victims(1)
+        for v in out:
+            policy.on_evict(v)
         victims.extend(out)
         policy.on_insert(key, now)
         if out and out[0] in stop:
@@ -191,12 +194,13 @@ OPS = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 80)), max_size=150)
     ops=OPS,
     fresh=st.lists(st.integers(0, 160), unique=True, max_size=40),
     free=st.integers(0, 5),
+    capacity=st.sampled_from([3, 8, 20]),  # ghosts of 2, 7 or 18 keys: overflowing, or not
     data=st.data(),
 )
-def test_s3fifo_insert_evicting_matches_single_calls(ops, fresh, free, data):
+def test_s3fifo_insert_evicting_matches_single_calls(ops, fresh, free, capacity, data):
     """On states reached by random operations (before and after the first eviction, ghost
     hits among the keys, held keys): the same victims and state as evict(1)/on_insert."""
-    one, loop = S3FIFO(capacity=20), S3FIFO(capacity=20)
+    one, loop = S3FIFO(capacity=capacity), S3FIFO(capacity=capacity)
     for p in (one, loop):
         _drive(p, ops)
     keys = [k for k in fresh if k not in one.freq]
@@ -208,6 +212,21 @@ def test_s3fifo_insert_evicting_matches_single_calls(ops, fresh, free, data):
     assert got == loop_insert_evicting(loop, keys, free, 4.0, stop)
     assert s3fifo_state(one) == s3fifo_state(loop)
     assert one._version == loop._version
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, n=st.integers(0, 30), capacity=st.sampled_from([3, 8, 20]))
+def test_s3fifo_evict_matches_victims_then_on_evict(ops, n, capacity):
+    """S3-FIFO's eviction in one pass: the victims its plan gives, and the same state after
+    (including when it asks for more than the queues hold)."""
+    one, plan = S3FIFO(capacity=capacity), S3FIFO(capacity=capacity)
+    for p in (one, plan):
+        _drive(p, ops)
+    victims = plan.victims(n)
+    for v in victims:
+        plan.on_evict(v)
+    assert one.evict(n) == victims
+    assert s3fifo_state(one) == s3fifo_state(plan)
 
 
 @settings(max_examples=200, deadline=None)
@@ -295,3 +314,22 @@ def test_hbm_victims_whose_dram_copy_goes_first_are_dropped_at_once():
     assert t._free_ids == [h[3], *d, *h[:3], *h[4:7]]
     assert cascade.copies.queued == {("d2h", True): 9.0}
     assert hbm.resident == 0 and dram.resident == 3
+
+
+def test_a_victim_still_to_come_taken_by_the_last_copy_is_not_told_to_the_prefetcher():
+    """HBM (10) holds cached h0..h9; DRAM (9) holds h9 (oldest), then h1..h8. Of the victims
+    h0..h9 only h0 is copied down; its copy evicts h9, dropped at once: at its turn h9 is
+    gone, so the prefetcher hears of h0..h8 only, as one at a time."""
+    cascade = _cascade(hbm_blocks=10, dram_blocks=9)
+    forgotten: list[int] = []
+    cascade.prefetch = SimpleNamespace(spare=None, active=True, forget=forgotten.append)
+    t, (hbm, dram, _) = cascade.table, cascade.tiers
+    h = _cached(t, 10, 1)
+    for b in h:
+        hbm.add(b, 0.0, evictable=True)
+    for b in (h[9], *h[1:9]):
+        dram.add(b, 0.0, evictable=True)
+    cascade.make_room(hbm, 10)
+    assert forgotten == h[:9]
+    assert dram.policy.victims(9) == [*h[1:9], h[0]]
+    assert t._free_ids == [h[9]]
