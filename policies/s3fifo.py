@@ -126,6 +126,18 @@ class S3FIFO(EvictionPolicy):
         del (self.small if in_small else self.main)[key]
         self._held[key] = in_small
 
+    def on_hold_many(self, keys: list[int]) -> None:
+        """:meth:`on_hold` each of ``keys`` (queued ones), in order."""
+        self._version += len(keys)
+        small, main, held = self.small, self.main, self._held
+        for key in keys:
+            if key in small:
+                del small[key]
+                held[key] = True
+            else:
+                del main[key]
+                held[key] = False
+
     def on_release(self, key: int, now: float = 0.0) -> None:
         """The use ended: back at the new end of its queue, the use counted as a hit."""
         self._version += 1

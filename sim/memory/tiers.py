@@ -246,8 +246,12 @@ class Tier:
         evictable.difference_update(taken)
         self.held.update(taken)
         if self._hooks:
-            for b in taken:
-                self.policy.on_hold(b)  # type: ignore[attr-defined]
+            many = getattr(self.policy, "on_hold_many", None)
+            if many is not None:
+                many(taken)
+            else:
+                for b in taken:
+                    self.policy.on_hold(b)  # type: ignore[attr-defined]
         elif self._held_out:
             self.policy.on_remove_many(taken)
         self._grow_held_mask(taken)
