@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections import ChainMap
+from collections import ChainMap, deque
 from collections.abc import Callable, Container, MutableMapping, Sequence
+from itertools import compress, filterfalse
+from operator import not_
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -94,15 +96,13 @@ class S3FIFO(EvictionPolicy):
             return
         self._version += len(keys)
         small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
-        if ghost.keys().isdisjoint(keys):
+        hits = ghost.keys() & keys
+        if not hits:
             small.update(dict.fromkeys(keys))  # (in order, as one push each)
-        else:
-            for key in keys:
-                if key in ghost:
-                    del ghost[key]
-                    main.push(key)
-                else:
-                    small.push(key)
+        else:  # (pushes to M and to S commute: each queue's in the keys' order)
+            deque(map(ghost.__delitem__, hits), maxlen=0)
+            main.update(dict.fromkeys(filter(hits.__contains__, keys)))
+            small.update(dict.fromkeys(filterfalse(hits.__contains__, keys)))
         freq.update(dict.fromkeys(keys, 0))
 
     def on_access(self, key: int, now: float = 0.0) -> None:
@@ -147,11 +147,13 @@ class S3FIFO(EvictionPolicy):
     def on_release_many(self, keys: list[int], now: float = 0.0) -> None:
         """:meth:`on_release` each of ``keys`` (held ones), in order."""
         self._version += len(keys)
-        held, small, main, freq = self._held, self.small, self.main, self.freq
-        for key in keys:
-            (small if held.pop(key) else main)[key] = None
-            count = freq[key]
-            freq[key] = count + 1 if count < 3 else 3
+        held, freq = self._held, self.freq
+        in_small = list(map(held.pop, keys))
+        # (pushes to S and to M commute: each queue's in the keys' order)
+        self.small.update(dict.fromkeys(compress(keys, in_small)))
+        self.main.update(dict.fromkeys(compress(keys, map(not_, in_small))))
+        counts = [c + 1 if c < 3 else 3 for c in map(freq.__getitem__, keys)]
+        freq.update(zip(keys, counts, strict=True))
 
     def on_evict(self, key: int) -> None:
         """Apply the planned steps up to ``key``; a victim from S enters the ghost."""
@@ -200,15 +202,20 @@ class S3FIFO(EvictionPolicy):
         victims: list[int] = []
         for i in range(n):
             victim = -1
-            if small and len(main) <= main_size:  # scan S first
-                for _ in range(len(small)):
-                    k = pop_small(False)[0]
-                    if freq[k] >= threshold:
-                        freq[k] = 0
-                        main[k] = None
-                    else:
-                        victim = k
-                        break
+            if small and len(main) <= main_size:  # scan S first (its oldest is the usual victim)
+                victim = pop_small(False)[0]
+                if freq[victim] >= threshold:
+                    freq[victim] = 0
+                    main[victim] = None
+                    victim = -1
+                    for _ in range(len(small)):
+                        k = pop_small(False)[0]
+                        if freq[k] >= threshold:
+                            freq[k] = 0
+                            main[k] = None
+                        else:
+                            victim = k
+                            break
             if victim >= 0:  # from S: into the ghost
                 if ghost_size > 0:
                     ghost[victim] = None
