@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Container
-from itertools import filterfalse, groupby
+from itertools import filterfalse, pairwise
 
 import numpy as np
 
@@ -224,11 +224,16 @@ class Tier:
                 evictable.update(new)
                 policy.on_insert_many(new, now)  # type: ignore[attr-defined]
             return
-        kind = lambda b: 2 if b in held else int(b not in evictable)  # noqa: E731
-        for k, group in groupby(keys, kind):
+        n = len(keys)
+        is_held = np.fromiter(map(held.__contains__, keys), bool, n)
+        known = np.fromiter(map(evictable.__contains__, keys), bool, n)
+        kinds = np.where(is_held, 2, np.where(known, 0, 1))  # 0: evictable already
+        edges = (np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()
+        for start, end in pairwise([0, *edges, n]):
+            k = kinds[start]
             if k == 0:  # evictable already: nothing to do
                 continue
-            run = list(group)
+            run = keys[start:end]
             evictable.update(run)
             if k == 2:
                 held.difference_update(run)
