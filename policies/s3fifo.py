@@ -129,14 +129,12 @@ class S3FIFO(EvictionPolicy):
     def on_hold_many(self, keys: list[int]) -> None:
         """:meth:`on_hold` each of ``keys`` (queued ones), in order."""
         self._version += len(keys)
-        small, main, held = self.small, self.main, self._held
-        for key in keys:
-            if key in small:
-                del small[key]
-                held[key] = True
-            else:
-                del main[key]
-                held[key] = False
+        small = self.small
+        in_small = list(map(small.__contains__, keys))
+        # (deletions commute: from either queue, in any order)
+        deque(map(small.__delitem__, compress(keys, in_small)), maxlen=0)
+        deque(map(self.main.__delitem__, compress(keys, map(not_, in_small))), maxlen=0)
+        self._held.update(zip(keys, in_small, strict=True))
 
     def on_release(self, key: int, now: float = 0.0) -> None:
         """The use ended: back at the new end of its queue, the use counted as a hit."""

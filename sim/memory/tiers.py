@@ -245,7 +245,7 @@ class Tier:
     def pin_many(self, blocks: list[int]) -> None:
         """:meth:`pin` each of ``blocks`` (distinct), in order."""
         evictable = self.evictable
-        taken = [b for b in blocks if b in evictable]
+        taken = list(filter(evictable.__contains__, blocks))
         if not taken:
             return
         evictable.difference_update(taken)
