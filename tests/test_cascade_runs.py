@@ -300,8 +300,11 @@ def test_hbm_victims_whose_dram_copy_goes_first_are_dropped_at_once():
     """HBM (10, FIFO) holds cached h0..h9; DRAM (3, FIFO) holds h3, then cached d0, d1.
     Making room for 10 in HBM evicts h0..h9; the copies down: h0 evicts h3 (a victim still
     to come: lost, dropped now), h1 and h2 evict d0 and d1 (dropped), h3 was dropped (its
-    turn does nothing), h4..h9 evict h0, h1, h2, h4, h5, h6 (each dropped)."""
+    turn does nothing), h4..h9 evict h0, h1, h2, h4, h5, h6 (each dropped). Each drop tells
+    ``on_lost`` its hash in a call of its own, as one at a time does."""
     cascade = _cascade(hbm_blocks=10, dram_blocks=3)
+    lost: list[list[int]] = []
+    cascade.on_lost = lambda hashes: lost.append(hashes.tolist())
     t, (hbm, dram, _) = cascade.table, cascade.tiers
     h = _cached(t, 10, 1)
     d = _cached(t, 2, 50)
@@ -312,6 +315,7 @@ def test_hbm_victims_whose_dram_copy_goes_first_are_dropped_at_once():
     cascade.make_room(hbm, 10)
     assert dram.policy.victims(3) == h[7:]
     assert t._free_ids == [h[3], *d, *h[:3], *h[4:7]]
+    assert lost == [[4], [50], [51], [1], [2], [3], [5], [6], [7]]  # one call a drop, hashes
     assert cascade.copies.queued == {("d2h", True): 9.0}
     assert hbm.resident == 0 and dram.resident == 3
 

@@ -213,7 +213,8 @@ class Cascade:
         NOTE: a victim of ``below`` is dropped or kept at once; what each of ``ids`` does
         at its turn depends on its own state, which a copy's eviction changes only for a
         block resident in ``below``: a run stops after such a victim (the next one starts
-        after it, on the state then).
+        after it, on the state then). The mode's ``hbm_victims`` declined the whole list
+        (:meth:`demote_many`), as it does each one of it.
         """
         t, now, where = self.table, self.clock.now, self.table.where
         while len(ids):
@@ -238,9 +239,10 @@ class Cascade:
             )
             gone = np.concatenate((out[out_lost], ids[:end][lost[:end]]))[np.argsort(turns)]
             if len(gone):
-                if self.on_lost is not None:
+                if self.on_lost is not None:  # (one call a block, as each drop calls it)
                     hashes = t.hash[gone]
-                    self.on_lost(hashes[hashes != 0])
+                    for i in np.flatnonzero(hashes).tolist():
+                        self.on_lost(hashes[i : i + 1])
                 t.drop_many(gone)
             ids = ids[end:]
 
