@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -149,6 +149,34 @@ class EvictionPolicy(ABC):
         victims = self.victims(n, pinned)
         self.on_evict_many(victims)
         return victims
+
+    def insert_evicting(
+        self, keys: Sequence[int], free: int, now: float = 0.0, pinned: PinnedMask = None,
+        stop: Container[int] = (),
+    ) -> tuple[int, list[int]]:  # fmt: skip
+        """:meth:`on_insert` each of ``keys`` (new ones), in order, into a pool with ``free``
+        free slots: once none is free, each insert first evicts one victim (:meth:`evict`,
+        ``pinned`` as given). The pool must have a victim for each (an evictable key, or
+        room: each insert adds one). Stops after the insert whose victim is in ``stop``.
+
+        Returns (how many of ``keys`` went in, their victims in order): the first ``free``
+        evicted none, each later one exactly one. A policy may do it in one pass.
+        """
+        victims: list[int] = []
+        done = 0
+        for key in keys:
+            if free > 0:
+                free -= 1
+                self.on_insert(key, now)
+                done += 1
+                continue
+            (victim,) = self.evict(1, pinned)
+            victims.append(victim)
+            self.on_insert(key, now)
+            done += 1
+            if victim in stop:
+                break
+        return done, victims
 
     def on_miss(self, key: int, now: float = 0.0) -> None:  # noqa: B027  # optional hook
         """A lookup of ``key`` missed; called before ``victims()`` makes room for it."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +53,31 @@ class LRU(EvictionPolicy):
         deque(map(self._order.__delitem__, keys), maxlen=0)  # one del each, looped in C
 
     on_evict_many = on_remove_many
+
+    def insert_evicting(
+        self, keys: Sequence[int], free: int, now: float = 0.0, pinned: PinnedMask = None,
+        stop: Container[int] = (),
+    ) -> tuple[int, list[int]]:  # fmt: skip
+        """:meth:`EvictionPolicy.insert_evicting` in one pass (no key pinned: each victim is
+        the least recent key at its turn)."""
+        if pinned is not None:
+            return super().insert_evicting(keys, free, now, pinned, stop)
+        order = self._order
+        pop = order.popitem
+        victims: list[int] = []
+        done = 0
+        for key in keys:
+            if free > 0:
+                free -= 1
+            else:
+                victim = pop(False)[0]
+                victims.append(victim)
+                if victim in stop:
+                    order[key] = None
+                    return done + 1, victims
+            order[key] = None
+            done += 1
+        return done, victims
 
     def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
         """The least recently used unpinned keys."""

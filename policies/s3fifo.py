@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections import ChainMap
-from collections.abc import Callable, MutableMapping
+from collections import ChainMap, deque
+from collections.abc import Callable, Container, MutableMapping, Sequence
+from itertools import compress, filterfalse
+from operator import not_
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -94,15 +96,13 @@ class S3FIFO(EvictionPolicy):
             return
         self._version += len(keys)
         small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
-        if ghost.keys().isdisjoint(keys):
+        hits = ghost.keys() & keys
+        if not hits:
             small.update(dict.fromkeys(keys))  # (in order, as one push each)
-        else:
-            for key in keys:
-                if key in ghost:
-                    del ghost[key]
-                    main.push(key)
-                else:
-                    small.push(key)
+        else:  # (pushes to M and to S commute: each queue's in the keys' order)
+            deque(map(ghost.__delitem__, hits), maxlen=0)
+            main.update(dict.fromkeys(filter(hits.__contains__, keys)))
+            small.update(dict.fromkeys(filterfalse(hits.__contains__, keys)))
         freq.update(dict.fromkeys(keys, 0))
 
     def on_access(self, key: int, now: float = 0.0) -> None:
@@ -126,6 +126,16 @@ class S3FIFO(EvictionPolicy):
         del (self.small if in_small else self.main)[key]
         self._held[key] = in_small
 
+    def on_hold_many(self, keys: list[int]) -> None:
+        """:meth:`on_hold` each of ``keys`` (queued ones), in order."""
+        self._version += len(keys)
+        small = self.small
+        in_small = list(map(small.__contains__, keys))
+        # (deletions commute: from either queue, in any order)
+        deque(map(small.__delitem__, compress(keys, in_small)), maxlen=0)
+        deque(map(self.main.__delitem__, compress(keys, map(not_, in_small))), maxlen=0)
+        self._held.update(zip(keys, in_small, strict=True))
+
     def on_release(self, key: int, now: float = 0.0) -> None:
         """The use ended: back at the new end of its queue, the use counted as a hit."""
         self._version += 1
@@ -135,11 +145,13 @@ class S3FIFO(EvictionPolicy):
     def on_release_many(self, keys: list[int], now: float = 0.0) -> None:
         """:meth:`on_release` each of ``keys`` (held ones), in order."""
         self._version += len(keys)
-        held, small, main, freq = self._held, self.small, self.main, self.freq
-        for key in keys:
-            (small if held.pop(key) else main)[key] = None
-            count = freq[key]
-            freq[key] = count + 1 if count < 3 else 3
+        held, freq = self._held, self.freq
+        in_small = list(map(held.pop, keys))
+        # (pushes to S and to M commute: each queue's in the keys' order)
+        self.small.update(dict.fromkeys(compress(keys, in_small)))
+        self.main.update(dict.fromkeys(compress(keys, map(not_, in_small))))
+        counts = [c + 1 if c < 3 else 3 for c in map(freq.__getitem__, keys)]
+        freq.update(zip(keys, counts, strict=True))
 
     def on_evict(self, key: int) -> None:
         """Apply the planned steps up to ``key``; a victim from S enters the ghost."""
@@ -160,21 +172,80 @@ class S3FIFO(EvictionPolicy):
         if pinned is not None:  # (a step that finds no victim must leave the queues as they were)
             return super().evict(n, pinned)
         self._plan = None
-        out: list[int] = []
-        step, forget, small, main, freq = (
-            self._step,
-            self._forget_victim,
-            self.small,
-            self.main,
-            self.freq,
-        )
-        for _ in range(n):
-            key, from_small = step(small, main, freq, _never)
-            if key is None:  # both queues empty: the step changed nothing
+        return self._steps(n, None, ())
+
+    def insert_evicting(
+        self, keys: Sequence[int], free: int, now: float = 0.0, pinned: PinnedMask = None,
+        stop: Container[int] = (),
+    ) -> tuple[int, list[int]]:  # fmt: skip
+        """:meth:`EvictionPolicy.insert_evicting` in one pass (:meth:`_steps`)."""
+        if pinned is not None or self._ghost_hit or free >= len(keys):
+            return super().insert_evicting(keys, free, now, pinned, stop)
+        if free > 0:
+            self.on_insert_many(list(keys[:free]), now)
+        self._plan = None
+        victims = self._steps(len(keys) - free, keys[free:], stop)
+        self._version += len(victims)
+        return free + len(victims), victims
+
+    def _steps(self, n: int, keys: Sequence[int] | None, stop: Container[int]) -> list[int]:
+        """Up to ``n`` eviction steps on the real queues, no key pinned (as :meth:`_step`
+        then :meth:`_forget_victim`; none once both queues are empty), each victim followed,
+        when ``keys`` are given, by the insert of the next key (as :meth:`on_insert` after
+        an eviction: into S, or into M on a ghost hit); the victims, stopping after one in
+        ``stop``. Taken inline: this is the cascade's inner loop."""
+        small, main, ghost, freq = self.small, self.main, self.ghost, self.freq
+        main_size, threshold, ghost_size = self.main_size, self.threshold, self.ghost_size
+        pop_small, pop_main, pop_ghost = small.popitem, main.popitem, ghost.popitem
+        victims: list[int] = []
+        for i in range(n):
+            victim = -1
+            if small and len(main) <= main_size:  # scan S first (its oldest is the usual victim)
+                victim = pop_small(False)[0]
+                if freq[victim] >= threshold:
+                    freq[victim] = 0
+                    main[victim] = None
+                    victim = -1
+                    for _ in range(len(small)):
+                        k = pop_small(False)[0]
+                        if freq[k] >= threshold:
+                            freq[k] = 0
+                            main[k] = None
+                        else:
+                            victim = k
+                            break
+            if victim >= 0:  # from S: into the ghost
+                if ghost_size > 0:
+                    ghost[victim] = None
+                    if len(ghost) > ghost_size:
+                        pop_ghost(False)
+            elif not main:  # both queues empty: the step changed nothing
                 break
-            forget(key, from_small)
-            out.append(key)
-        return out
+            else:  # scan M (every count reaches 0 within four rounds)
+                while True:
+                    k = pop_main(False)[0]
+                    count = freq[k]
+                    if count > 0:
+                        freq[k] = count - 1 if count <= 3 else 2
+                        main[k] = None
+                    else:
+                        victim = k
+                        break
+            del freq[victim]
+            victims.append(victim)
+            if keys is not None:
+                key = keys[i]
+                if key in ghost:
+                    del ghost[key]
+                    main[key] = None
+                else:
+                    small[key] = None
+                freq[key] = 0
+                if victim in stop:
+                    break
+        if victims:
+            self._evicted = True
+        return victims
 
     def _forget_victim(self, key: int, from_small: bool) -> None:
         """An evicted ``key`` (out of its queue) is forgotten; a victim from S enters the ghost."""

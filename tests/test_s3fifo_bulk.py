@@ -1,6 +1,6 @@
-"""S3-FIFO's bulk calls (``on_insert_many``, ``on_release_many``) equal a loop of the single
-calls, on states reached by random operations: before and after the first eviction, with
-ghost hits among the inserted keys, and held keys from S and from M."""
+"""S3-FIFO's bulk calls (``on_insert_many``, ``on_release_many``, ``on_hold_many``) equal a
+loop of the single calls, on states reached by random operations: before and after the first
+eviction, with ghost hits among the inserted keys, and held keys from S and from M."""
 
 from __future__ import annotations
 
@@ -56,5 +56,21 @@ def test_on_insert_many_and_on_release_many_match_single_calls(ops, fresh, data)
     bulk.on_release_many(list(held), 6.0)
     for k in held:
         loop.on_release(k, 6.0)
+    assert _state(bulk) == _state(loop)
+    assert bulk._version == loop._version
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=OPS, data=st.data())
+def test_on_hold_many_matches_single_calls(ops, data):
+    """Holding queued keys from S and from M, in any order: as one ``on_hold`` each."""
+    bulk, loop = S3FIFO(capacity=20), S3FIFO(capacity=20)
+    for p in (bulk, loop):
+        _drive(p, ops)
+    queued = list(bulk.small) + list(bulk.main)
+    keys = data.draw(st.lists(st.sampled_from(queued), unique=True)) if queued else []
+    bulk.on_hold_many(keys)
+    for k in keys:
+        loop.on_hold(k)
     assert _state(bulk) == _state(loop)
     assert bulk._version == loop._version

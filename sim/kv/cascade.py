@@ -75,9 +75,20 @@ class Cascade:
 
         NOTE: "at its turn": an earlier one's victim may be a later one (then copied back).
         The first copy is queued at once (it places the link in the queue's order), the
-        others' float sum after the loop (:meth:`CopyQueue.add_each`: the same sum).
+        others' float sum after the loop (:meth:`CopyQueue.add_each`: the same sum). Blocks
+        in use (none can be dropped) go into a last tier in runs (:meth:`_insert_runs`).
         """
-        where, insert, done = self.table.where[tier.index], self.insert, 0
+        t = self.table
+        if (
+            tier.index != HBM
+            and tier is not self.home
+            and self.below(tier) is None
+            and len(blocks) > FEW_VICTIMS
+            and (t.ref[blocks] > 0).all()
+        ):
+            self._insert_runs(tier, blocks, link)
+            return
+        where, insert, done = t.where[tier.index], self.insert, 0
         for b in blocks:
             if not where[b] and insert(tier, b):
                 if not done:
@@ -85,6 +96,41 @@ class Cascade:
                 done += 1
         if done > 1:
             self.copies.add_each(link, tier.block_bytes, done - 1, blocking=False)
+
+    def _insert_runs(self, tier: Tier, blocks: list[int], link: str) -> None:
+        """:meth:`insert_each` for blocks in use, into a tier whose victims are lost (not
+        HBM, not home, nothing below it): the blocks not resident go in as one run
+        (:meth:`Tier.add_evicting`), then the run's victims are demoted in order.
+
+        NOTE: as one at a time: a victim's demotion (a drop, or nothing) reads and changes
+        only the victim's own state, which no later insert of the run changes (a block in
+        use is never dropped), unless the victim is a resident block of the batch (one at
+        a later turn would be copied back): a run stops after such a victim, and the next
+        starts after it. (With a tier below, a victim's copy there could evict a block
+        whose residence here a later insert changes: one at a time.) The first victim (a
+        full tier) is demoted before the first copy is queued, as its insert does.
+        """
+        where, now, first = self.table.where[tier.index], self.clock.now, True
+        rest = np.asarray(blocks, dtype=np.int64)
+        while len(rest):
+            here = where[rest]
+            going = np.flatnonzero(~here)
+            free, stop = tier.free_slots, set(rest[here].tolist())
+            done, victims = tier.add_evicting(rest[going].tolist(), now, stop)
+            if done == 0:  # full, nothing evictable: no later one goes in either
+                return
+            last = done == len(going) and not (done > free and victims[-1] in stop)
+            count = done
+            if first:
+                if free == 0:
+                    self.demote(victims.pop(0), tier)
+                self.copies.add(link, tier.block_bytes, blocking=False)
+                first, count = False, done - 1
+            self.demote_many(victims, tier)
+            self.copies.add_each(link, tier.block_bytes, count, blocking=False)
+            if last:
+                return
+            rest = rest[going[done - 1] + 1 :]
 
     def demote(self, b: int, tier: Tier) -> None:
         """After ``b`` was evicted from ``tier``: copy it down if worth keeping, else forget it."""
@@ -144,8 +190,61 @@ class Cascade:
         if below is not None and len(going) > below.free_slots:
             cut = int(going[below.free_slots])
         self._demote_bulk(ids[:cut], down[:cut], tier, below)
+        if cut == len(ids):
+            return
+        if (
+            tier.index == HBM
+            and below is not None
+            and self.below(below) is None
+            and below is not self.home
+        ):
+            self._demote_evicting(ids[cut:], below)
+            return
         for b in ids[cut:].tolist():
             self.demote(b, tier)
+
+    def _demote_evicting(self, ids: np.ndarray, below: Tier) -> None:
+        """:meth:`demote` each of ``ids`` (HBM's victims, in order) where the copies down
+        evict in ``below`` and its victims are lost (nothing under it; not the home tier):
+        the copies go in as a run (:meth:`Tier.add_evicting`), then the losses are dropped
+        in the order one at a time drops them (a victim at its copy's turn, a block neither
+        copied nor in a tier at its own).
+
+        NOTE: a victim of ``below`` is dropped or kept at once; what each of ``ids`` does
+        at its turn depends on its own state, which a copy's eviction changes only for a
+        block resident in ``below``: a run stops after such a victim (the next one starts
+        after it, on the state then). The mode's ``hbm_victims`` declined the whole list
+        (:meth:`demote_many`), as it does each one of it.
+        """
+        t, now, where = self.table, self.clock.now, self.table.where
+        while len(ids):
+            alive = t.owner[ids] >= 0  # (dropped earlier in the batch: nothing to do)
+            cached = t.ref[ids] == 0
+            here = where[below.index, ids]
+            going = np.flatnonzero(alive & cached & (t.hash[ids] != 0) & ~here)
+            lost = alive & cached & ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids])
+            free, stop = below.free_slots, set(ids[here].tolist())
+            done, victims = below.add_evicting(ids[going].tolist(), now, stop)
+            stopped = done > free and victims[-1] in stop
+            end = int(going[done - 1]) + 1 if stopped or 0 < done < len(going) else len(ids)
+            if self.prefetch.active:
+                for b in ids[:end][alive[:end]].tolist():
+                    self.prefetch.forget(b)
+            self.copies.add_each("d2h", below.block_bytes, done, blocking=True)
+            lost[going[:done]] = False  # copied: in ``below`` at its turn
+            out = np.asarray(victims, dtype=np.int64)
+            out_lost = (t.ref[out] == 0) & ~(where[HBM, out] | where[DRAM, out] | where[SSD, out])
+            turns = np.concatenate(
+                (going[free : free + len(out)][out_lost], np.flatnonzero(lost[:end]))
+            )
+            gone = np.concatenate((out[out_lost], ids[:end][lost[:end]]))[np.argsort(turns)]
+            if len(gone):
+                if self.on_lost is not None:  # (one call a block, as each drop calls it)
+                    hashes = t.hash[gone]
+                    for i in np.flatnonzero(hashes).tolist():
+                        self.on_lost(hashes[i : i + 1])
+                t.drop_many(gone)
+            ids = ids[end:]
 
     def _demote_bulk(
         self, ids: np.ndarray, down: np.ndarray, tier: Tier, below: Tier | None

@@ -153,9 +153,7 @@ class BlockTable:
         """:meth:`register` each of ``blocks`` (distinct) under its ``hashes`` entry, in order."""
         index, keys = self.index, hashes.tolist()
         if self.all_new(keys):
-            index.update(zip(keys, blocks, strict=True))  # every one is new: all register
-            self.hash[blocks] = hashes
-            self.index_version += len(keys)
+            self.register_new(blocks, hashes)
             return
         ids: list[int] = []
         at: list[int] = []
@@ -167,6 +165,12 @@ class BlockTable:
         if ids:
             self.hash[ids] = hashes[at]
             self.index_version += len(ids)
+
+    def register_new(self, blocks: list[int], hashes: np.ndarray) -> None:
+        """:meth:`register_many` where :meth:`all_new` holds (every one registers)."""
+        self.index.update(zip(hashes.tolist(), blocks, strict=True))
+        self.hash[blocks] = hashes
+        self.index_version += len(blocks)
 
     def drop(self, b: int) -> None:
         """The block left every tier and no request uses it: forget it, recycle its id."""

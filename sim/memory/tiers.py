@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from itertools import filterfalse, groupby
+from collections.abc import Container
+from itertools import filterfalse, pairwise
 
 import numpy as np
 
@@ -87,6 +88,51 @@ class Tier:
         self.resident += len(blocks)
         self.evictable.update(blocks.tolist())
         many(blocks, now)
+
+    def add_evicting(
+        self, blocks: list[int], now: float, stop: Container[int] = ()
+    ) -> tuple[int, list[int]]:
+        """:meth:`add` each of ``blocks`` (distinct, none resident here) as evictable, in
+        order, each first evicting one victim (:meth:`evict`) when the tier is full: the
+        policy's inserts and evictions interleaved as one at a time would take them (a
+        victim may be a block added earlier in the run). Stops after the block whose victim
+        is in ``stop``; adds none when the tier is full with nothing evictable (the later
+        ones then fit no more than the first: each one added is evictable).
+
+        Returns (how many of ``blocks`` were added, the victims in order): the first
+        ``free_slots`` evicted none, each later one exactly one.
+        """
+        free = self.free_slots
+        if not blocks or (free == 0 and not self.evictable):
+            return 0, []
+        if free >= len(blocks):
+            self.add_evictable_many(np.asarray(blocks, dtype=np.int64), now)
+            return len(blocks), []
+        if self._positions or self.resident > self.capacity:  # (a position before each insert)
+            return self._add_evicting_each(blocks, now, stop)
+        pinned = self._with_held(None) if self.held and not self._held_out else None
+        done, victims = self.policy.insert_evicting(blocks, free, now, pinned, stop)
+        added = blocks[:done]
+        where = self.table.where[self.index]
+        where[added] = True
+        where[victims] = False  # (after: a block added, then evicted, is not resident)
+        self.resident += done - len(victims)
+        self.evictable.update(added)
+        self.evictable.difference_update(victims)
+        return done, victims
+
+    def _add_evicting_each(
+        self, blocks: list[int], now: float, stop: Container[int]
+    ) -> tuple[int, list[int]]:
+        """:meth:`add_evicting` one block at a time."""
+        victims: list[int] = []
+        for i, b in enumerate(blocks):
+            out = self.evict(1) if self.resident >= self.capacity else []
+            victims.extend(out)
+            self.add(b, now, evictable=True)
+            if out and out[0] in stop:
+                return i + 1, victims
+        return len(blocks), victims
 
     def add_pinned(self, blocks: list[int]) -> None:
         """:meth:`add` each of ``blocks`` as in use (not evictable)."""
@@ -178,11 +224,16 @@ class Tier:
                 evictable.update(new)
                 policy.on_insert_many(new, now)  # type: ignore[attr-defined]
             return
-        kind = lambda b: 2 if b in held else int(b not in evictable)  # noqa: E731
-        for k, group in groupby(keys, kind):
+        n = len(keys)
+        is_held = np.fromiter(map(held.__contains__, keys), bool, n)
+        known = np.fromiter(map(evictable.__contains__, keys), bool, n)
+        kinds = np.where(is_held, 2, np.where(known, 0, 1))  # 0: evictable already
+        edges = (np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()
+        for start, end in pairwise([0, *edges, n]):
+            k = kinds[start]
             if k == 0:  # evictable already: nothing to do
                 continue
-            run = list(group)
+            run = keys[start:end]
             evictable.update(run)
             if k == 2:
                 held.difference_update(run)
@@ -194,14 +245,18 @@ class Tier:
     def pin_many(self, blocks: list[int]) -> None:
         """:meth:`pin` each of ``blocks`` (distinct), in order."""
         evictable = self.evictable
-        taken = [b for b in blocks if b in evictable]
+        taken = list(filter(evictable.__contains__, blocks))
         if not taken:
             return
         evictable.difference_update(taken)
         self.held.update(taken)
         if self._hooks:
-            for b in taken:
-                self.policy.on_hold(b)  # type: ignore[attr-defined]
+            many = getattr(self.policy, "on_hold_many", None)
+            if many is not None:
+                many(taken)
+            else:
+                for b in taken:
+                    self.policy.on_hold(b)  # type: ignore[attr-defined]
         elif self._held_out:
             self.policy.on_remove_many(taken)
         self._grow_held_mask(taken)

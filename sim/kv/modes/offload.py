@@ -25,7 +25,7 @@ class OffloadMode(Mode):
         # (a copy's evictions only drop hashes: each registers when all are new at the start)
         if table.all_new(hashes[start:end].tolist()):
             ids = blocks[start:end]
-            table.register_many(ids, hashes[start:end])
+            table.register_new(ids, hashes[start:end])
             kv.cascade.insert_each(dram, ids, "d2h")
             return
         for i in range(start, end):
