@@ -27,13 +27,18 @@ print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))
 """
 
 
-def loaded_after(argv: str) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def probe(script: str, *argv: str, env: dict[str, str] | None = None) -> list:
+    """What ``script`` (run in a fresh interpreter with ``argv``) prints last, as JSON."""
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(argv=argv)],
+        [sys.executable, "-c", script, *argv],
         capture_output=True, text=True, env=env, cwd=REPO, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def loaded_after(argv: str) -> list[str]:
+    return probe(PROBE.format(argv=argv))
 
 
 def test_help_imports_no_heavy_library():
@@ -90,13 +95,7 @@ kv: {mode: hbm}
 def used_by_a_run(tmp_path, control: bool = False) -> list[str]:
     config = tmp_path / "small.yaml"
     config.write_text(SMALL_RUN)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [str(config), str(tmp_path / "run"), "use" if control else "-"]
-    out = subprocess.run(
-        [sys.executable, "-c", RUN_PROBE, *argv],
-        capture_output=True, text=True, env=env, cwd=REPO, check=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe(RUN_PROBE, str(config), str(tmp_path / "run"), "use" if control else "-")
 
 
 def test_a_run_uses_no_pandas_nor_tqdm(tmp_path):
@@ -197,12 +196,7 @@ print(json.dumps([os.environ.get("OPENBLAS_NUM_THREADS"), tasks]))
 
 def blas_after(argv: list[str], **env: str) -> list:
     environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    environ.update(PYTHONPATH=str(REPO), **env)
-    out = subprocess.run(
-        [sys.executable, "-c", BLAS_PROBE, *argv],
-        capture_output=True, text=True, env=environ, cwd=REPO, check=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return probe(BLAS_PROBE, *argv, env={**environ, **env})
 
 
 def test_a_command_without_linear_algebra_starts_one_blas_thread(tmp_path):
