@@ -80,7 +80,9 @@ def _hbm_table(run: Run) -> pd.DataFrame:
         table[_part_name(column)] = data[column]
     table["capacity_gib"] = data.capacity_gib
     table["kv_pool_gib"] = data.kv_pool_gib
-    table["kv_pool_limit_gib"] = data.hbm_weights_bytes + data.hbm_reserve_bytes + data.kv_pool_gib
+    # where the stack's KV tops out when the pool is full: on the step's activations
+    fixed = data.hbm_weights_bytes + data.hbm_reserve_bytes + data.hbm_activation_bytes
+    table["kv_pool_limit_gib"] = fixed + data.kv_pool_gib
     if INSTANCE in data:
         table.insert(1, INSTANCE, data[INSTANCE])
     return table

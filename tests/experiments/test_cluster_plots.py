@@ -120,7 +120,8 @@ def test_hbm_pressure_has_a_panel_per_instance(cluster_run) -> None:
     for k, ax in enumerate(drawn.axes):
         rows = timeline[timeline.instance == k]
         x, y = lines_by_label(ax)["KV pool limit"]
-        limit = (rows.hbm_weights_bytes + rows.hbm_reserve_bytes + rows.hbm_kv_pool_bytes) / GIB
+        fixed = rows.hbm_weights_bytes + rows.hbm_reserve_bytes + rows.hbm_activation_bytes
+        limit = (fixed + rows.hbm_kv_pool_bytes) / GIB
         assert np.array_equal(x, rows.time_s) and np.allclose(y, limit)
         table = drawn.data[drawn.data.instance == k]
         assert np.allclose(table.kv_running_gib, rows.hbm_kv_running_bytes / GIB)
