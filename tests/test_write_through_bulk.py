@@ -133,12 +133,14 @@ def test_no_computed_block_is_in_dram_before_its_write_through(seed):
     assert bulk_state == loop_state
 
 
-def _cascade(dram_blocks: int, ssd_blocks: int) -> Cascade:
+def _cascade(dram_blocks: int, ssd_blocks: int, hbm_blocks: int = 8) -> Cascade:
     """HBM (8 blocks), DRAM and SSD, each FIFO, over one table; no mode hooks or prefetch."""
     table = BlockTable(initial=16)
     tiers = [
         Tier(i, name, blocks, 1.0, FIFO(), table)
-        for i, (name, blocks) in enumerate((("hbm", 8), ("dram", dram_blocks), ("ssd", ssd_blocks)))
+        for i, (name, blocks) in enumerate(
+            (("hbm", hbm_blocks), ("dram", dram_blocks), ("ssd", ssd_blocks))
+        )
     ]
     clock = SimpleNamespace(now=1.0)
     cascade = Cascade(
@@ -217,3 +219,28 @@ def test_copies_queued_in_the_loops_order():
         (("d2h", False), 2.0),
         (("ssd_write", False), 1.0),
     ]
+
+
+def test_lost_victims_are_told_one_call_each_in_bulk_as_one_at_a_time():
+    """Twelve cached HBM victims (more than ``FEW_VICTIMS``: the bulk path) with no room
+    below are lost: ``on_lost`` (the cluster pool's put, a transfer a call) hears of each in
+    a call of its own, in order, as demoting them one at a time tells it."""
+    told = {}
+    for name in ("bulk", "loop"):
+        cascade = _cascade(dram_blocks=1, ssd_blocks=0, hbm_blocks=12)
+        t, (hbm, dram, _) = cascade.table, cascade.tiers
+        dram.add_pinned([t.new(owner=0, position=0, heat=0.0)])  # DRAM full, nothing evictable
+        for i in range(12):
+            b = t.new(owner=1, position=i, heat=0.0)
+            t.register(b, 100 + i)
+            t.ref[b] = 0
+            hbm.add(b, 0.0, evictable=True)
+        calls = told[name] = []
+        cascade.on_lost = lambda hashes, calls=calls: calls.append(hashes.tolist())
+        victims = hbm.evict(12)
+        if name == "bulk":
+            cascade.demote_many(victims, hbm)
+        else:
+            for b in victims:
+                cascade.demote(b, hbm)
+    assert told["bulk"] == told["loop"] == [[100 + i] for i in range(12)]

@@ -239,12 +239,18 @@ class Cascade:
             )
             gone = np.concatenate((out[out_lost], ids[:end][lost[:end]]))[np.argsort(turns)]
             if len(gone):
-                if self.on_lost is not None:  # (one call a block, as each drop calls it)
-                    hashes = t.hash[gone]
-                    for i in np.flatnonzero(hashes).tolist():
-                        self.on_lost(hashes[i : i + 1])
+                if self.on_lost is not None:
+                    self._tell_lost(t.hash[gone])
                 t.drop_many(gone)
             ids = ids[end:]
+
+    def _tell_lost(self, hashes: np.ndarray) -> None:
+        """Tell ``on_lost`` of lost blocks (their ``hashes``, in drop order; unhashed ones are
+        not told): one call a block, as :meth:`demote` makes (the cluster's pool starts a
+        transfer a call)."""
+        assert self.on_lost is not None
+        for i in np.flatnonzero(hashes).tolist():
+            self.on_lost(hashes[i : i + 1])
 
     def _demote_bulk(
         self, ids: np.ndarray, down: np.ndarray, tier: Tier, below: Tier | None
@@ -266,6 +272,5 @@ class Cascade:
         if gone.any():
             lost = ids[gone]
             if self.on_lost is not None:
-                hashes = t.hash[lost]
-                self.on_lost(hashes[hashes != 0])
+                self._tell_lost(t.hash[lost])
             t.drop_many(lost)
