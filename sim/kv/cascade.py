@@ -222,7 +222,7 @@ class Cascade:
             cached = t.ref[ids] == 0
             here = where[below.index, ids]
             going = np.flatnonzero(alive & cached & (t.hash[ids] != 0) & ~here)
-            lost = alive & cached & ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids])
+            lost = alive & cached & t.in_no_tier(ids)
             free, stop = below.free_slots, set(ids[here].tolist())
             done, victims = below.add_evicting(ids[going].tolist(), now, stop)
             stopped = done > free and victims[-1] in stop
@@ -233,22 +233,22 @@ class Cascade:
             self.copies.add_each("d2h", below.block_bytes, done, blocking=True)
             lost[going[:done]] = False  # copied: in ``below`` at its turn
             out = np.asarray(victims, dtype=np.int64)
-            out_lost = (t.ref[out] == 0) & ~(where[HBM, out] | where[DRAM, out] | where[SSD, out])
+            out_lost = (t.ref[out] == 0) & t.in_no_tier(out)
             turns = np.concatenate(
                 (going[free : free + len(out)][out_lost], np.flatnonzero(lost[:end]))
             )
             gone = np.concatenate((out[out_lost], ids[:end][lost[:end]]))[np.argsort(turns)]
             if len(gone):
-                if self.on_lost is not None:
-                    self._tell_lost(t.hash[gone])
+                self._tell_lost(t.hash[gone])
                 t.drop_many(gone)
             ids = ids[end:]
 
     def _tell_lost(self, hashes: np.ndarray) -> None:
-        """Tell ``on_lost`` of lost blocks (their ``hashes``, in drop order; unhashed ones are
-        not told): one call a block, as :meth:`demote` makes (the cluster's pool starts a
-        transfer a call)."""
-        assert self.on_lost is not None
+        """Tell ``on_lost``, if set, of lost blocks (their ``hashes``, in drop order; unhashed
+        ones are not told): one call a block, as :meth:`demote` makes (the cluster's pool
+        starts a transfer a call)."""
+        if self.on_lost is None:
+            return
         for i in np.flatnonzero(hashes).tolist():
             self.on_lost(hashes[i : i + 1])
 
@@ -267,10 +267,8 @@ class Cascade:
             below.add_evictable_many(going, self.clock.now)
             link = "d2h" if tier.index == HBM else "ssd_write"
             self.copies.add_each(link, below.block_bytes, len(going), blocking=tier.index == HBM)
-        where = t.where
-        gone = ~(where[HBM, ids] | where[DRAM, ids] | where[SSD, ids]) & (t.ref[ids] == 0)
+        gone = t.in_no_tier(ids) & (t.ref[ids] == 0)
         if gone.any():
             lost = ids[gone]
-            if self.on_lost is not None:
-                self._tell_lost(t.hash[lost])
+            self._tell_lost(t.hash[lost])
             t.drop_many(lost)

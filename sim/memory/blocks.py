@@ -182,6 +182,11 @@ class BlockTable:
         self.owner[b] = -1
         self._free_ids.append(b)
 
+    def in_no_tier(self, blocks: np.ndarray) -> np.ndarray:
+        """Which of ``blocks`` have a copy in no tier."""
+        where = self.where
+        return ~(where[HBM, blocks] | where[DRAM, blocks] | where[SSD, blocks])
+
     def live(self) -> np.ndarray:
         """Ids of blocks in at least one tier or referenced."""
         n = self.size

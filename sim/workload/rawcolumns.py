@@ -146,7 +146,7 @@ def factorize(raw: RawColumns, name: str) -> np.ndarray:
     """Codes in order of first appearance, -1 where missing (``pd.factorize``)."""
     if raw.frame is None:
         codes: dict[object, int] = {}
-        out = [-1 if _is_nan(v) else codes.setdefault(v, len(codes)) for v in raw[name].tolist()]
+        out = [-1 if is_missing(v) else codes.setdefault(v, len(codes)) for v in raw[name].tolist()]
         return np.asarray(out, dtype=np.int64).reshape(-1)
     import pandas as pd
 
@@ -154,8 +154,9 @@ def factorize(raw: RawColumns, name: str) -> np.ndarray:
     return found.astype(np.int64)
 
 
-def _is_nan(value: object) -> bool:
-    return isinstance(value, float) and math.isnan(value)
+def is_missing(value: object) -> bool:
+    """Whether a raw value is missing (None, or a float NaN), as pandas takes it."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def isin(raw: RawColumns, name: str, wanted: Sequence[object]) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.workload.hashing import offsets_of
-from sim.workload.rawcolumns import RawColumns, datetimes_ns, factorize, numbers
+from sim.workload.rawcolumns import RawColumns, datetimes_ns, factorize, is_missing, numbers
 from sim.workload.tracefile import Layout, RawRows, flatten_lists, int_lists, read_raw
 
 SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
@@ -101,7 +101,7 @@ class BadRows:
         self.bad |= mask
         i = int(np.flatnonzero(mask)[0])
         value = values[i]
-        shown = "nothing (missing)" if _is_missing(value) else _shorten(value)
+        shown = "nothing (missing)" if is_missing(value) else _shorten(value)
         self._note(int(self.line[i]), f"field '{field}': expected {expected}, got {shown}")
 
     @property
@@ -116,10 +116,6 @@ class BadRows:
             more = f" ({self.count} bad rows in all)" if self.count > 1 else ""
             raise KvsimError(f"{self.path}:{line}: {message}{more}; {SKIP_HINT}")
         return ~self.bad
-
-
-def _is_missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
 
 
 def _shorten(value: object, limit: int = 80) -> str:
