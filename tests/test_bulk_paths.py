@@ -583,6 +583,23 @@ def _take_with(kv: KvManager, rid: int, hits, monkeypatch) -> bool:
         return kv.take(rid, hits)
 
 
+def ended(case: tuple, seed: int, **engine: object) -> tuple[RunResult, tuple]:
+    """A whole run of :func:`_engine`: its result (no wall time) and the manager's state."""
+    simulation = _engine(*case, seed=seed, **engine)  # type: ignore[arg-type]
+    result = simulation.run()
+    result.summary.pop("wall_time_s")
+    return result, kv_state(simulation.kv)
+
+
+def assert_same_runs(a: tuple[RunResult, tuple], b: tuple[RunResult, tuple]) -> None:
+    """Two :func:`ended` runs end equal: requests, timeline, summary, the manager's state."""
+    (first, first_state), (second, second_state) = a, b
+    pd.testing.assert_frame_equal(first.requests, second.requests, check_exact=True)
+    pd.testing.assert_frame_equal(first.timeline, second.timeline, check_exact=True)
+    assert first.summary == second.summary
+    assert first_state == second_state
+
+
 def _whole_runs(case: tuple, seed: int, swap: bool, rate: float = 8.0) -> RunResult:
     """The same run with the bulk paths and with :data:`REFERENCES`: asserts they end equal
     (outputs and the manager's whole state) and returns the bulk run's result."""
@@ -593,16 +610,9 @@ def _whole_runs(case: tuple, seed: int, swap: bool, rate: float = 8.0) -> RunRes
                 m.setattr(owner, name, ref)
             if references:
                 m.delattr(LRU, "on_insert_many")
-            engine = _engine(*case, seed=seed, swap=swap, rate=rate)
-            result = engine.run()
-            result.summary.pop("wall_time_s")
-            runs.append((result, kv_state(engine.kv)))
-    (bulk, bulk_state), (loop, loop_state) = runs
-    pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
-    pd.testing.assert_frame_equal(bulk.timeline, loop.timeline, check_exact=True)
-    assert bulk.summary == loop.summary
-    assert bulk_state == loop_state
-    return bulk
+            runs.append(ended(case, seed, swap=swap, rate=rate))
+    assert_same_runs(*runs)
+    return runs[0][0]
 
 
 RUNS = [(case, False) for case in TIGHT] + [(case, True) for case in SWAPPING]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +26,13 @@ from sim.kv.cascade import Cascade
 from sim.kv.copies import CopyQueue
 from sim.memory.blocks import DRAM, HBM, BlockTable
 from sim.memory.tiers import Tier
-from tests.test_bulk_paths import ONLINE, _engine, _tier_state, kv_state, policy
+from tests.test_bulk_paths import (
+    ONLINE,
+    _tier_state,
+    assert_same_runs,
+    ended,
+    policy,
+)
 from tests.test_s3fifo_bulk import _drive
 from tests.test_s3fifo_bulk import _state as s3fifo_state
 
@@ -96,10 +101,7 @@ def _run(case: tuple, seed: int, reference: bool):
                 return done, victims
 
             m.setattr(Tier, "add_evicting", counting)
-        engine = _engine(*case, seed=seed)
-        result = engine.run()
-        result.summary.pop("wall_time_s")
-        return result, kv_state(engine.kv), sum(taken)
+        return ended(case, seed), sum(taken)
 
 
 CASES = st.tuples(
@@ -116,14 +118,11 @@ CASES = st.tuples(
 def test_whole_runs_match_the_per_block_loop(case, seed):
     """The same requests, timeline, summary and final state (every block array, free-id
     order, tier, policy order and queued copy) as one block at a time."""
-    runs, runs_state, taken = _run(case, seed, reference=False)
-    loop, loop_state, _ = _run(case, seed, reference=True)
+    runs, taken = _run(case, seed, reference=False)
+    loop, _ = _run(case, seed, reference=True)
     if case[3] == 0 and case[2] == 30:
         assert taken > 0  # the runs evicted (with SSD they do not run)
-    pd.testing.assert_frame_equal(runs.requests, loop.requests, check_exact=True)
-    pd.testing.assert_frame_equal(runs.timeline, loop.timeline, check_exact=True)
-    assert runs.summary == loop.summary
-    assert runs_state == loop_state
+    assert_same_runs(runs, loop)
 
 
 # --- one tier, every policy ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ from sim.kv.copies import CopyQueue
 from sim.kv.modes.offload import OffloadMode
 from sim.memory.blocks import DRAM, HBM, SSD, BlockTable
 from sim.memory.tiers import Tier
-from tests.test_bulk_paths import _engine, kv_state
+from tests.test_bulk_paths import _engine, assert_same_runs, ended
 
 POLICIES = ["s3fifo", "lru", "fifo", "arc", "lfu", "sieve", "gds", "length_aware", "heat"]
 
@@ -82,10 +82,7 @@ def _run(case: tuple, seed: int, reference: bool):
                 real(self, tier, blocks, link)
 
             m.setattr(Cascade, "insert_each", counting)
-        engine = _engine(*case, seed=seed)
-        result = engine.run()
-        result.summary.pop("wall_time_s")
-        return result, kv_state(engine.kv), calls
+        return ended(case, seed), calls
 
 
 CASES = st.tuples(
@@ -102,13 +99,10 @@ CASES = st.tuples(
 def test_whole_runs_match_the_per_block_write_through(case, seed):
     """The same requests, timeline, summary and final state (every block array, free-id
     order, tier, policy order and queued copy) as the per-block loop."""
-    bulk, bulk_state, calls = _run(case, seed, reference=False)
-    loop, loop_state, _ = _run(case, seed, reference=True)
+    bulk, calls = _run(case, seed, reference=False)
+    loop, _ = _run(case, seed, reference=True)
     assert max(calls) > 1  # the bulk path ran on batches
-    pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
-    pd.testing.assert_frame_equal(bulk.timeline, loop.timeline, check_exact=True)
-    assert bulk.summary == loop.summary
-    assert bulk_state == loop_state
+    assert_same_runs(bulk, loop)
 
 
 @pytest.mark.parametrize("seed", [2, 6, 7, 15])
@@ -127,8 +121,8 @@ def test_no_computed_block_is_in_dram_before_its_write_through(seed):
         m.setattr(OffloadMode, "register", watching)
         _engine(*case, seed=seed).run()
     assert seen == []
-    bulk, bulk_state, _ = _run(case, seed, reference=False)
-    loop, loop_state, _ = _run(case, seed, reference=True)
+    (bulk, bulk_state), _ = _run(case, seed, reference=False)
+    (loop, loop_state), _ = _run(case, seed, reference=True)
     pd.testing.assert_frame_equal(bulk.requests, loop.requests, check_exact=True)
     assert bulk_state == loop_state
 
