@@ -19,7 +19,7 @@ import sim.kv.manager
 import sim.kv.prefix
 from policies.lru import LRU
 from sim.kv.prefix import PrefixIndex
-from sim.kv.reads import union
+from sim.kv.reads import SORT_BELOW, union
 from sim.memory.blocks import BlockTable
 from sim.memory.tiers import Tier
 from sim.run import Simulation
@@ -115,9 +115,10 @@ def test_union_is_the_sorted_distinct_reads_and_their_mark():
     for _ in range(40):
         kv.table.new(0, 0, 0.0)
     rng = np.random.default_rng(0)
-    for k in (0, 1, 5):
-        reads = [rng.integers(0, kv.table.size, rng.integers(0, 12)) for _ in range(k)]
-        flat = np.concatenate(reads) if reads else np.zeros(0, dtype=np.int64)
+    size = kv.table.size
+    # none, few (sorted: under size / SORT_BELOW) and many (scanned) reads, with repeats
+    for n in (0, 1, size // SORT_BELOW, size // SORT_BELOW + 1, 3 * size):
+        flat = rng.integers(0, size, n)
         need, mark = union(flat, kv.table.size)
         want, pinned = ref_union(flat, kv.table.size)
         assert need.tolist() == want.tolist()
