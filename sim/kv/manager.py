@@ -230,7 +230,7 @@ class KvManager:
         if not len(hits.blocks):
             return new
         ids, home = hits.blocks, self.home
-        taken = len(home.evictable.intersection(ids.tolist()))  # (a prefix's are distinct)
+        taken = int(np.count_nonzero(home.evictable.members(ids)))
         elsewhere = len(ids) - int(np.count_nonzero(self.table.where[home.index, ids]))
         return new + taken + elsewhere
 

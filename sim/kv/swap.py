@@ -33,7 +33,7 @@ class SwapSpace:
         there = t.where[DRAM, blocks]
         moving = [b for b, x in zip(blocks, there.tolist(), strict=True) if not x]
         copies = np.asarray(blocks)[there].tolist()
-        if dram.available - sum(b in dram.evictable for b in copies) < len(moving):
+        if dram.available - int(np.count_nonzero(dram.evictable.members(copies))) < len(moving):
             return False
         dram.pin_many(copies)
         kv.cascade.make_room(dram, len(moving))

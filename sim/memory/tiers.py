@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Container
-from itertools import filterfalse, pairwise
+from itertools import pairwise
 
 import numpy as np
 
 from policies.base import EvictionPolicy
 from sim.memory.blocks import BlockTable
+from sim.memory.keyset import KeySet
 
 
 class Tier:
@@ -34,9 +35,8 @@ class Tier:
         self.policy = policy
         self.table = table
         self.resident = 0
-        self.evictable: set[int] = set()
-        self.held: set[int] = set()
-        self._held_mask = np.zeros(0, dtype=bool)  # ``held`` as a pinned mask for victims()
+        self.evictable = KeySet()
+        self.held = KeySet()  # its mask is the pinned mask victims() takes
         self._positions = hasattr(policy, "set_position")  # length-aware eviction
         # held blocks leave the policy's order (re-inserted when their use ends): victims()
         # then needs no held mask, and need not skip them
@@ -86,7 +86,7 @@ class Tier:
             return
         self.table.where[self.index, blocks] = True
         self.resident += len(blocks)
-        self.evictable.update(blocks.tolist())
+        self.evictable.update(blocks)
         many(blocks, now)
 
     def add_evicting(
@@ -154,13 +154,12 @@ class Tier:
         where = self.table.where[self.index]
         here = blocks[where[blocks]]
         if self.evictable or self.held:
-            keys = here.tolist()
-            if self.held.isdisjoint(keys):  # each one evictable or unknown to the policy
-                gone = list(filter(self.evictable.__contains__, keys))
+            if self.held.isdisjoint(here):  # each one evictable or unknown to the policy
+                gone = self.evictable.among(here)
                 self.evictable.difference_update(gone)
                 self.policy.on_remove_many(gone)
             else:
-                for b in keys:
+                for b in here.tolist():
                     self._forget(b)
         where[here] = False
         self.resident -= len(here)
@@ -176,7 +175,6 @@ class Tier:
         held one's use ends with an access."""
         if b in self.held:
             self.held.discard(b)
-            self._held_mask[b] = False
             self.evictable.add(b)
             if self._hooks:
                 self.policy.on_release(b, now)  # type: ignore[attr-defined]
@@ -197,36 +195,35 @@ class Tier:
         takes held blocks out of its order (or none is held), and no length-aware one.
         """
         many = getattr(self.policy, "on_insert_many", None)
-        keys = blocks.tolist()
         if self._bulk_hooks:
-            self._release_or_insert(keys, now)
+            self._release_or_insert(blocks, now)
             return
-        held = list(self.held.intersection(keys)) if self.held else []
+        keys = blocks.tolist()
+        held = self.held.among(blocks) if self.held else []
         if many is None or self._positions or self._hooks or (held and not self._held_out):
             for b in keys:
                 self.make_evictable(b, now)
             return
         if held:
             self.held.difference_update(held)
-            self._held_mask[held] = False
-        new = list(filterfalse(self.evictable.__contains__, keys))  # held ones are not in it
-        if new:
+        new = blocks[~self.evictable.members(blocks)]  # held ones are not in it
+        if len(new):
             self.evictable.update(new)
-            many(np.asarray(new, dtype=np.int64), now)
+            many(new, now)
 
-    def _release_or_insert(self, keys: list[int], now: float) -> None:
+    def _release_or_insert(self, blocks: np.ndarray, now: float) -> None:
         """:meth:`make_evictable_many` for a policy with hold hooks and ``on_insert_many``:
         each run of held keys released in one call, each run of new ones inserted in one."""
         held, evictable, policy = self.held, self.evictable, self.policy
-        if held.isdisjoint(keys):
-            new = list(filterfalse(evictable.__contains__, keys))
+        known = evictable.members(blocks)
+        is_held = held.members(blocks) if held else np.zeros(len(blocks), dtype=bool)
+        if not is_held.any():
+            new = blocks[~known].tolist()
             if new:
                 evictable.update(new)
                 policy.on_insert_many(new, now)  # type: ignore[attr-defined]
             return
-        n = len(keys)
-        is_held = np.fromiter(map(held.__contains__, keys), bool, n)
-        known = np.fromiter(map(evictable.__contains__, keys), bool, n)
+        keys, n = blocks.tolist(), len(blocks)
         kinds = np.where(is_held, 2, np.where(known, 0, 1))  # 0: evictable already
         edges = (np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()
         for start, end in pairwise([0, *edges, n]):
@@ -237,7 +234,6 @@ class Tier:
             evictable.update(run)
             if k == 2:
                 held.difference_update(run)
-                self._held_mask[run] = False
                 policy.on_release_many(run, now)  # type: ignore[attr-defined]
             else:
                 policy.on_insert_many(run, now)  # type: ignore[attr-defined]
@@ -245,7 +241,7 @@ class Tier:
     def pin_many(self, blocks: list[int]) -> None:
         """:meth:`pin` each of ``blocks`` (distinct), in order."""
         evictable = self.evictable
-        taken = list(filter(evictable.__contains__, blocks))
+        taken = evictable.among(blocks) if evictable else []
         if not taken:
             return
         evictable.difference_update(taken)
@@ -259,8 +255,6 @@ class Tier:
                     self.policy.on_hold(b)  # type: ignore[attr-defined]
         elif self._held_out:
             self.policy.on_remove_many(taken)
-        self._grow_held_mask(taken)
-        self._held_mask[taken] = True
 
     def pin(self, b: int) -> None:
         """``b`` may not be evicted while in use; a known block stays known (``held``)."""
@@ -271,20 +265,6 @@ class Tier:
                 self.policy.on_hold(b)  # type: ignore[attr-defined]
             elif self._held_out:
                 self.policy.on_remove(b)
-            self._grow_held_mask([b])
-            self._held_mask[b] = True
-
-    def _grow_held_mask(self, keys: list[int]) -> None:
-        """Make ``_held_mask`` reach ``keys`` (as pinning them one at a time grows it)."""
-        size = len(self._held_mask)
-        if max(keys) < size:
-            return
-        for b in keys:
-            if b >= size:
-                size = max(b + 1, 2 * size, 1024)
-        grown = np.zeros(size, dtype=bool)
-        grown[: len(self._held_mask)] = self._held_mask
-        self._held_mask = grown
 
     def _forget(self, b: int) -> None:
         """The policy forgets ``b`` (it leaves the tier)."""
@@ -293,13 +273,12 @@ class Tier:
             self.policy.on_remove(b)
         elif b in self.held:
             self.held.discard(b)
-            self._held_mask[b] = False
             if self._hooks or not self._held_out:
                 self.policy.on_remove(b)
 
     def _with_held(self, pinned: np.ndarray | None) -> np.ndarray:
         """``pinned`` (keys past its end unpinned) with the held blocks pinned too."""
-        held = self._held_mask
+        held = self.held.mask
         if pinned is None:
             return held
         out = np.zeros(max(len(pinned), len(held)), dtype=bool)
@@ -320,7 +299,7 @@ class Tier:
         many = getattr(self.policy, "on_access_many", None)
         if many is not None:  # a policy that takes a step's accesses in one call
             every = len(evictable) == self.resident  # e.g. the HBM cache of dram_centric
-            many(blocks if every else [b for b in blocks.tolist() if b in evictable], now)
+            many(blocks if every else blocks[evictable.members(blocks)].tolist(), now)
             return
         on_access = self.policy.on_access
         for b in blocks.tolist():
