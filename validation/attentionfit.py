@@ -4,14 +4,15 @@
 prefill (flash) attention's TFLOP/s by sequence length, decode (paged) attention's time by
 KV length. The fits use the cost model's own equations (``docs/cost-model.md``):
 
-- prefill, one call over sequences of ``s`` new tokens (no cache):
-  ``t = Σ s·((s + 1)/2 + x) · 4·H·d / (F·e_a)``, so ``e_a`` and the extra keys ``x`` each
-  query token costs (``efficiency.attention``, ``efficiency.attention_extra_keys``);
+- prefill, one call over sequences of ``s`` new tokens after ``c`` cached ones:
+  ``t = Σ s·(c + (s + 1)/2 + x) · 4·H·d / (F·e_a)``, so ``e_a`` and the extra keys ``x``
+  each query token costs (``efficiency.attention``, ``efficiency.attention_extra_keys``);
 - decode, one call reading ``K`` bytes of KV: ``t = l_d + K / (B·e_d)``
   (``efficiency.decode_attention_latency``, ``efficiency.decode_attention``).
 
-Both are linear least squares in relative error. ``python -m validation.attentionfit``
-prints the fit and its error on the points.
+Both are linear least squares in relative error, each GPU's rows against its own profile's
+peaks. ``python -m validation.attentionfit`` prints every GPU's fit and its error on the
+points.
 """
 
 from __future__ import annotations
@@ -42,15 +43,20 @@ class AttentionFit:
 
 
 def load_points(path: Path = DATA) -> pd.DataFrame:
-    """The benchmark rows (comment lines skipped)."""
-    return pd.read_csv(path, comment="#")
+    """The benchmark rows (comment lines skipped; a blank ``cached`` is no cache)."""
+    points = pd.read_csv(path, comment="#")
+    points["cached"] = points["cached"].fillna(0)
+    return points
 
 
 def prefill_seconds(rows: pd.DataFrame) -> np.ndarray:
-    """Measured time of each prefill row: its FLOPs (the FlashAttention papers' count,
-    ``4·b·H·s²·d / 2`` causal) over its TFLOP/s."""
+    """Measured time of each prefill row: its ``time_us`` where given, else its FLOPs (the
+    FlashAttention papers' count, ``4·b·H·s²·d / 2`` causal, no cache) over its TFLOP/s."""
     flops = 4.0 * rows.batch * rows.heads * rows.seqlen**2 * rows.head_dim / 2.0
-    return (flops / (rows.tflops * 1e12)).to_numpy()
+    from_rate = flops / (rows.tflops * 1e12)
+    if "time_us" not in rows:
+        return from_rate.to_numpy(dtype=np.float64)
+    return (rows.time_us * 1e-6).fillna(from_rate).to_numpy(dtype=np.float64)
 
 
 def decode_bytes(rows: pd.DataFrame) -> np.ndarray:
@@ -72,12 +78,13 @@ def fit_prefill(rows: pd.DataFrame, peak_flops: float) -> tuple[float, int, np.n
     t = prefill_seconds(rows)
     per_pair = 4.0 * rows.heads * rows.head_dim
     queries = (rows.batch * rows.seqlen).to_numpy(dtype=np.float64)
-    pairs = queries * (rows.seqlen + 1.0).to_numpy() / 2.0
+    cached = rows.cached.to_numpy(dtype=np.float64) if "cached" in rows else 0.0
+    pairs = queries * (cached + (rows.seqlen + 1.0).to_numpy() / 2.0)
     slope, extra_slope = _relative_lstsq([pairs * per_pair, queries * per_pair], t)
     efficiency = 1.0 / (slope * peak_flops)
     extra = round(float(extra_slope / slope))
     predicted = (pairs + queries * extra) * per_pair / (peak_flops * efficiency)
-    return efficiency, extra, predicted / t - 1.0
+    return efficiency, extra, np.asarray(predicted / t - 1.0)
 
 
 def fit_decode(rows: pd.DataFrame, bandwidth: float) -> tuple[float, float, np.ndarray]:
@@ -93,6 +100,9 @@ def fit(gpu: str = "h100-sxm", path: Path = DATA) -> AttentionFit:
     """Fit ``gpu``'s rows against the peaks of its hardware profile."""
     points = load_points(path)
     rows = points[points.gpu == gpu]
+    for kind in ("prefill", "decode"):
+        if not (rows.kind == kind).any():
+            raise ValueError(f"{path.name} has no {kind} rows for {gpu}")
     hw = load_hardware(gpu)
     e_a, extra, prefill_errors = fit_prefill(rows[rows.kind == "prefill"], hw.compute.bf16_flops)
     e_d, l_d, decode_errors = fit_decode(rows[rows.kind == "decode"], hw.hbm.bandwidth)

@@ -95,15 +95,18 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.attention`, `efficiency.attention_extra_keys` (prefill flash attention)",
-        "h100-sxm (h100-pcie, h200-sxm, gh200, a100-80g-sxm carry the fraction)",
-        "FlashAttention-3 paper (arXiv:2407.08608) Fig. 5, causal, head dim 128, H100 SXM "
-        "(validation/data/attention_kernels.csv, `python -m validation.attentionfit`)",
+        "h100-sxm (h100-pcie, h200-sxm, gh200 carry the fraction), a100-80g-sxm",
+        "FlashAttention-3 paper (arXiv:2407.08608) Fig. 5, causal, head dim 128, H100 SXM; "
+        "FlashAttention-2 causal forward, head dim 128, on an A100 (github.com/liangan1/"
+        "GPU_travel, performance/flash-attn) (validation/data/attention_kernels.csv, "
+        "`python -m validation.attentionfit`)",
     ),
     (
         "`efficiency.decode_attention`, `efficiency.decode_attention_latency` (paged decode)",
-        "h100-sxm (as above)",
+        "h100-sxm (as above), a100-80g-sxm",
         "FlashAttention-2 paged batch-decode benchmark on H100 SXM, microsoft/onnxruntime "
-        "PR #21414 (same CSV and fit)",
+        "PR #21414; Vidur's A100 decode-attention profile (github.com/microsoft/vidur, "
+        "data/profiling/a100/attention.csv) (same CSV and fit)",
     ),
     (
         "`efficiency.step_overhead`, `efficiency.sequence_overhead` (vLLM V1 host costs)",
