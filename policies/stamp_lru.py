@@ -9,6 +9,7 @@ import numpy as np
 from policies.base import EvictionPolicy, PinnedMask
 
 MIN_CHUNK = 256  # log entries ``victims()`` checks in its first pass
+SCALAR_STEPS = 8  # log entries one victim is looked for in one at a time, before a pass
 
 
 class StampLRU(EvictionPolicy):
@@ -119,11 +120,30 @@ class StampLRU(EvictionPolicy):
 
     on_evict_many = on_remove_many
 
+    def _first_live(self) -> int | None:
+        """The key of the log's first live entry, found by scalar steps from its head if
+        it is among the first ``SCALAR_STEPS`` (None: not found so; the head moves past
+        the stale entries stepped over)."""
+        keys, stamps, member, stamp = self._log_key, self._log_stamp, self._member, self._stamp
+        at, end = self._head, min(self._head + SCALAR_STEPS, self._tail)
+        while at < end:
+            key = int(keys[at])
+            if member[key] and stamp[key] == stamps[at]:
+                self._head = at
+                return key
+            at += 1
+        self._head = at
+        return None
+
     def victims(self, n: int, pinned: PinnedMask = None) -> list[int]:
         """The least recently used unpinned keys, least recent first.
 
         NOTE: skipping the stale head of the log for later calls changes no eviction order.
         """
+        if n == 1 and pinned is None:  # the usual eviction: the log's first live entry
+            first = self._first_live()
+            if first is not None:
+                return [first]
         out: list[int] = []
         start, chunk = self._head, max(2 * n, MIN_CHUNK)
         leading = True  # every entry so far was stale

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from policies.lru import LRU
-from policies.stamp_lru import StampLRU
+from policies.stamp_lru import SCALAR_STEPS, StampLRU
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -45,3 +45,21 @@ def test_stamp_lru_matches_lru_on_random_operations(seed):
                 ref.on_evict(v)
                 fast.on_evict(v)
                 members.remove(v)
+
+
+@pytest.mark.parametrize("stale", [0, 1, SCALAR_STEPS - 1, SCALAR_STEPS, 3 * SCALAR_STEPS])
+def test_one_victim_past_a_stale_head_is_lrus(stale):
+    """One victim is looked for one entry at a time, then by a pass: either way LRU's."""
+    ref, fast = LRU(), StampLRU()
+    keys = list(range(stale + 3))
+    for k in keys:
+        ref.on_insert(k)
+    fast.on_insert_many(np.asarray(keys, dtype=np.int64))
+    for p in (ref, fast):
+        p.on_access_many(keys[:stale])  # the oldest ``stale`` log entries go stale
+    for _ in range(len(keys)):
+        victim = ref.victims(1)
+        assert fast.victims(1) == victim
+        ref.on_evict(victim[0])
+        fast.on_evict(victim[0])
+    assert fast.victims(1) == [] == ref.victims(1)
