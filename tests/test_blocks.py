@@ -51,5 +51,5 @@ def test_bulk_new_and_drop_leave_the_table_as_single_calls_do(script):
     assert bulk._free_ids == one._free_ids
     assert bulk.index == one.index
     n = one.size
-    for name in ("ref", "hash", "owner", "position", "heat", "access_count", "dirty"):
+    for name in ("ref", "hash", "owner", "position", "heat", "dirty"):
         assert np.array_equal(getattr(bulk, name)[:n], getattr(one, name)[:n]), name

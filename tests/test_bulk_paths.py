@@ -408,7 +408,7 @@ REFERENCES = [
 def kv_state(kv: KvManager):
     """Everything the manager holds (block arrays, tiers, index, copies, counters)."""
     t, n = kv.table, kv.table.size
-    names = ("ref", "hash", "owner", "position", "dirty", "heat", "last_access", "access_count")
+    names = ("ref", "hash", "owner", "position", "dirty", "heat")
     arrays = [t.where[:, :n].tolist()] + [getattr(t, name)[:n].tolist() for name in names]
     return (
         arrays,

@@ -276,7 +276,7 @@ def test_grow_each_allocates_as_one_call_each():
     many.grow_each(rids, many.held[rids] + nth)
     assert one.blocks == many.blocks and (one.held == many.held).all()
     n = one.table.size
-    for name in ("ref", "owner", "position", "heat", "hash", "access_count", "dirty"):
+    for name in ("ref", "owner", "position", "heat", "hash", "dirty"):
         assert (getattr(one.table, name)[:n] == getattr(many.table, name)[:n]).all(), name
     assert (one.table.where[:, :n] == many.table.where[:, :n]).all()
     assert one.tiers[0].resident == many.tiers[0].resident

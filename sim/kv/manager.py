@@ -289,8 +289,6 @@ class KvManager:
         if observer is not None and observer.due(now):
             observer.record(now, reads, t.where)
         self.step_reads = need
-        t.last_access[need] = now
-        t.access_count[need] += 1
         c.access_blocks += len(need)
         return self.mode.place_reads(
             need, pinned, (ids, context, new), room_bytes, blocking, attended

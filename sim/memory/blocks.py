@@ -28,8 +28,6 @@ class BlockTable:
         self.hash = np.zeros(initial, dtype=np.uint64)
         self.owner = np.full(initial, -1, dtype=np.int64)
         self.position = np.zeros(initial, dtype=np.int64)
-        self.last_access = np.zeros(initial)
-        self.access_count = np.zeros(initial, dtype=np.int64)
         self.heat = np.zeros(initial)
         self.dirty = np.zeros(initial, dtype=bool)
         self.index: dict[int, int] = {}
@@ -43,7 +41,7 @@ class BlockTable:
     def _grow(self) -> None:
         n = self.capacity
         self.where = np.concatenate((self.where, np.zeros((3, n), dtype=bool)), axis=1)
-        for name in ("ref", "hash", "owner", "position", "last_access", "access_count", "heat"):
+        for name in ("ref", "hash", "owner", "position", "heat"):
             old = getattr(self, name)
             fill = -1 if name == "owner" else 0
             setattr(self, name, np.concatenate((old, np.full(n, fill, dtype=old.dtype))))
@@ -63,7 +61,6 @@ class BlockTable:
         self.position[b] = position
         self.heat[b] = heat
         self.hash[b] = NO_HASH
-        self.access_count[b] = 0
         self.dirty[b] = False
         return b
 
@@ -109,13 +106,12 @@ class BlockTable:
         position: np.ndarray,
         heat: float | np.ndarray,
     ) -> None:
-        """The metadata of fresh blocks ``at`` (ref 1, no hash, never read, clean)."""
+        """The metadata of fresh blocks ``at`` (ref 1, no hash, clean)."""
         self.ref[at] = 1
         self.owner[at] = owner
         self.position[at] = position
         self.heat[at] = heat
         self.hash[at] = NO_HASH
-        self.access_count[at] = 0
         self.dirty[at] = False
 
     def drop_many(self, blocks: np.ndarray) -> None:
