@@ -8,7 +8,7 @@ computed, is found through :attr:`BlockTable.index` by any request with the same
 
 from __future__ import annotations
 
-from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -120,14 +120,24 @@ class BlockTable:
         if hashes.any():
             named = hashes != NO_HASH
             index, keys, ids = self.index, hashes[named].tolist(), blocks[named].tolist()
-            owners = list(map(index.get, keys))  # all before any goes: as one at a time
-            if owners != ids:  # not every hash is its block's (the usual case is)
+            owners = list(map(index.pop, keys, repeat(None)))  # one pop each, looped in C
+            if owners != ids:  # not every hash was its block's (the usual case is)
+                self._undo_pops(keys, owners)
+                owners = list(map(index.get, keys))  # all before any goes: as one at a time
                 keys = [h for h, b, o in zip(keys, ids, owners, strict=True) if o == b]
-            deque(map(index.__delitem__, keys), maxlen=0)  # one del each, looped in C
+                for h in keys:
+                    del index[h]
             self.index_version += len(keys)
         self.hash[blocks] = NO_HASH
         self.owner[blocks] = -1
         self._free_ids.extend(blocks.tolist())
+
+    def _undo_pops(self, keys: list[int], owners: list[int | None]) -> None:
+        """Put back what popping ``keys`` in turn took (``owners``: each pop's value; a
+        repeated key's later pops found nothing)."""
+        for h, o in zip(keys, owners, strict=True):
+            if o is not None:
+                self.index[h] = o
 
     def register(self, b: int, block_hash: int) -> None:
         """Make a computed block findable by its prefix hash (first writer wins)."""

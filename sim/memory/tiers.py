@@ -153,6 +153,8 @@ class Tier:
             return
         where = self.table.where[self.index]
         here = blocks[where[blocks]]
+        if not len(here):  # (e.g. a DRAM victim the HBM cache of dram_centric does not hold)
+            return
         if self.evictable or self.held:
             if self.held.isdisjoint(here):  # each one evictable or unknown to the policy
                 gone = self.evictable.among(here)
