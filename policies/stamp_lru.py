@@ -116,7 +116,10 @@ class StampLRU(EvictionPolicy):
 
     def on_remove_many(self, keys: Sequence[int]) -> None:
         """Forget each of ``keys``."""
-        self._member[np.asarray(keys, dtype=np.int64)] = False
+        if len(keys) == 1:  # (an eviction's usual one: a scalar store)
+            self._member[keys[0]] = False
+        else:
+            self._member[np.asarray(keys, dtype=np.int64)] = False
 
     on_evict_many = on_remove_many
 

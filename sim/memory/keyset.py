@@ -68,6 +68,9 @@ class KeySet:
         """Remove each of ``keys`` (distinct) that is in the set."""
         if len(keys) == 0 or self.count == 0:
             return
+        if len(keys) == 1:  # (scalar stores are quicker)
+            self.discard(int(keys[0]))
+            return
         at = self._inside(np.asarray(keys, dtype=np.int64))
         self.count -= int(np.count_nonzero(self.mask[at]))
         self.mask[at] = False
