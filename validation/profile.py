@@ -61,9 +61,10 @@ def _kernel_flow(kernel: Kernel) -> str:
 SECONDS_KEYS = ("gemm_latency", "attention_latency", "decode_attention_latency", "step_overhead",
                 "sequence_overhead", "layer_overhead")  # fmt: skip
 NULLABLE_KEYS = ("gemm_row_block", "gemm_max_passes")  # null: one pass over the weights
+UNSET = {"gemm_memory": None, "moe_gemm": 1.0}  # left out of a profile at these values
 ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "gemm_row_block", "gemm_max_passes",
          "attention", "attention_extra_keys",
-         "decode_attention", "decode_attention_latency", "attention_latency", "hbm",
+         "decode_attention", "decode_attention_latency", "attention_latency", "moe_gemm", "hbm",
          "step_overhead", "sequence_overhead", "layer_overhead")  # fmt: skip
 
 
@@ -84,7 +85,7 @@ def efficiency_text(eff: Efficiency, base_lines: dict[str, str], notes: dict[str
             lines.append(_line(key, _value(eff, key), notes[key]))
         elif key in base_lines:
             lines.append(base_lines[key])
-        elif key == "gemm_memory" and eff.gemm_memory is None:
+        elif key in UNSET and getattr(eff, key) == UNSET[key]:
             continue
         elif getattr(eff, key) not in (None, 0.0):
             lines.append(_line(key, _value(eff, key), "kept from the base profile"))

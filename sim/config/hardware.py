@@ -162,7 +162,8 @@ class Efficiency(Strict):
     ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step.
     Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
     ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
-    (``docs/cost-model.md``).
+    (``docs/cost-model.md``). ``moe_gemm`` scales the routed experts' GEMMs (one fused-MoE
+    kernel call, not a dense GEMM per expert): their time is the dense model's / ``moe_gemm``.
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
@@ -180,6 +181,7 @@ class Efficiency(Strict):
     attention_extra_keys: int = Field(0, ge=0, le=100_000)
     decode_attention: float | None = Field(None, gt=0, le=1)
     decode_attention_latency: KernelSeconds | None = None
+    moe_gemm: float = Field(1.0, gt=0, le=10)
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
     @model_validator(mode="after")

@@ -110,6 +110,7 @@ class CostParams:
     fp8_flops: float | None = None
     gemm_row_block: int | None = None
     gemm_max_passes: int | None = None
+    moe_gemm_efficiency: float = 1.0
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
@@ -138,6 +139,7 @@ class CostParams:
             fp8_flops=hw.compute.fp8_flops,
             gemm_row_block=eff.gemm_row_block,
             gemm_max_passes=eff.gemm_max_passes,
+            moe_gemm_efficiency=eff.moe_gemm,
         )
 
     @property
@@ -292,17 +294,25 @@ class CostModel:
     def _gemms_time(self, tokens: float, gemms: tuple[tuple[int, int], ...]) -> float:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
 
-    def _moe_time(self, tokens: int) -> float:
-        """Routed experts: the experts touched each run their share of the tokens."""
+    def routed_experts_time(self, tokens: int) -> float:
+        """One layer's routed experts: the experts touched each run their share of the
+        tokens through the dense GEMMs, the fused-MoE kernel at ``moe_gemm`` times that speed."""
         m, moe = self.model, self.model.moe
         assert moe is not None
         routed = tokens * moe.top_k
         # each token picks top_k distinct experts: P(expert unused) = (1 - k/E)^tokens
         touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
+        dense = touched * self._gemms_time(routed / touched, m.mlp_gemms(moe.expert_intermediate))
+        return dense / self.params.moe_gemm_efficiency
+
+    def _moe_time(self, tokens: int) -> float:
+        """Routed experts, shared experts (dense GEMMs on all tokens) and the router."""
+        m, moe = self.model, self.model.moe
+        assert moe is not None
         expert = m.mlp_gemms(moe.expert_intermediate)
         shared = moe.shared_experts * self._gemms_time(tokens, expert)
         router = self.gemm_time(tokens, m.hidden, moe.experts, m.class_bytes("router"))
-        return touched * self._gemms_time(routed / touched, expert) + shared + router
+        return self.routed_experts_time(tokens) + shared + router
 
     def _linear_time(self, tokens: int, sampled: int) -> float:
         """All layers' projections and MLPs for ``tokens`` tokens, plus the LM head."""
