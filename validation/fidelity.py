@@ -109,6 +109,13 @@ FIT_PROVENANCE = (
         "data/profiling/a100/attention.csv) (same CSV and fit)",
     ),
     (
+        "`efficiency.moe_gemm` (fused-MoE routed experts vs the dense GEMM model)",
+        "h100-sxm (others 1: the dense model)",
+        "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times for Mixtral-8x7B at TP 2 "
+        "on H100, vllm-project/vllm#24700 (validation/data/moe_kernels.csv, "
+        "`python -m validation.moefit`)",
+    ),
+    (
         "`efficiency.step_overhead`, `efficiency.sequence_overhead` (vLLM V1 host costs)",
         "all",
         "estimates from profiler traces in vLLM issues (#11133 step gaps, #6913 scheduling and "
