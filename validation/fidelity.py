@@ -45,7 +45,7 @@ FORBIDDEN_SOURCES = (
 )
 FIT_ONLY_SOURCES = tuple(
     f"github.com/vllm-project/vllm/{kind}/{n}"
-    for n in (10511, 12126, 17122)
+    for n in (10511, 12126, 17122, 24700)  # memory profiles; fused-MoE kernel times
     for kind in ("pull", "issues")
 )
 
@@ -110,7 +110,7 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.moe_gemm` (fused-MoE routed experts vs the dense GEMM model)",
-        "h100-sxm (others 1: the dense model)",
+        "h100-sxm (h100-pcie, h200-sxm, gh200 carry it; others 1: the dense model)",
         "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times for Mixtral-8x7B at TP 2 "
         "on H100, vllm-project/vllm#24700 (validation/data/moe_kernels.csv, "
         "`python -m validation.moefit`)",

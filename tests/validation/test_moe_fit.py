@@ -58,7 +58,13 @@ def test_h100_profile_carries_the_fit(h100_fit):
     )
 
 
-@pytest.mark.parametrize("gpu", ["a100-80g-sxm", "h100-pcie", "h200-sxm", "gh200"])
+@pytest.mark.parametrize("gpu", ["h100-pcie", "h200-sxm", "gh200"])
+def test_the_other_hopper_parts_carry_the_h100_fit(gpu, h100_fit):
+    """The same fused-MoE kernel on the same Hopper die: the ratio is carried over."""
+    assert load_hardware(gpu).efficiency.moe_gemm == load_hardware("h100-sxm").efficiency.moe_gemm
+
+
+@pytest.mark.parametrize("gpu", ["a100-80g-sxm", "l40s", "mi300x"])
 def test_profiles_without_kernel_data_keep_the_dense_model(gpu):
     assert load_hardware(gpu).efficiency.moe_gemm == 1.0
 
