@@ -11,6 +11,7 @@ HARDWARE = [
     "h200-sxm",
     "gh200",
     "l40s",
+    "rtx3090",
     "mi300x",
     "cpu-host",
 ]
