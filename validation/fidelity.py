@@ -133,7 +133,8 @@ FIT_PROVENANCE = (
         "`hbm.driver_reserve`, `hbm.runtime_reserve`, the sampler's bytes per logit",
         "all (h100-sxm fitted; others estimated or carried)",
         "vLLM's logged memory profiles, vllm-project/vllm#10511 and #12126 (fit only: never "
-        "test rows); A100's torch-visible total from a logged mem_get_info",
+        "test rows); A100's torch-visible total from a logged mem_get_info, RTX 3090's from "
+        "torch's out-of-memory messages (GaoLii/DSP#10, xiaoxiangAQ/GAS-Net#7)",
     ),
 )
 
