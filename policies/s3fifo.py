@@ -315,8 +315,3 @@ class S3FIFO(EvictionPolicy):
         return fastpath.s3fifo(
             trace.keys, capacity, self.small_size, self.ghost_size, self.threshold
         )
-
-
-def _never(key: int) -> bool:
-    """No key is pinned."""
-    return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -102,10 +102,3 @@ class KeySet:
         grown = np.zeros(max(key + 1, 2 * len(self.mask)), dtype=bool)
         grown[: len(self.mask)] = self.mask
         self.mask = grown
-
-
-def as_keyset(keys: Iterable[int]) -> KeySet:
-    """A :class:`KeySet` of ``keys`` (distinct)."""
-    out = KeySet()
-    out.update(list(keys))
-    return out

@@ -315,11 +315,10 @@ class Tier:
         if self.held and not self._held_out:
             pinned = self._with_held(pinned)
         victims = list(self.policy.evict(min(n, len(self.evictable)), pinned))
-        if len(victims) == 1:  # (the usual eviction: scalar stores are quicker)
-            self.evictable.discard(victims[0])
+        self.evictable.difference_update(victims)
+        if len(victims) == 1:  # (the usual eviction: a scalar store is quicker)
             self.table.where[self.index, victims[0]] = False
         else:
-            self.evictable.difference_update(victims)
             self.table.where[self.index, victims] = False
         self.resident -= len(victims)
         return victims
