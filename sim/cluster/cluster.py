@@ -5,13 +5,15 @@ gives exactly the single-engine results."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import simpy
 
 from policies.registry import make_eviction, make_router
 from sim.cluster.disagg import DisaggDispatcher, PrefillArrivals
 from sim.cluster.dispatch import Dispatcher
-from sim.cluster.feed import ArrivalFeed
+from sim.cluster.feed import ArrivalFeed, ClosedLoopFeed, Target
 from sim.cluster.handoff import Handoffs
 from sim.cluster.nic import NicColumns
 from sim.config.cluster import ClusterConfig
@@ -56,13 +58,25 @@ class Cluster:
             for instance, columns in zip(self.instances, self.nic_columns, strict=True):
                 instance.observers.append(columns)
             target = self.dispatcher = self._dispatcher(spec)
-        self.feed = ArrivalFeed(self.env, requests.arrival_s, target)
+        self.feed = self._feed(target)
         for instance, member in zip(self.instances, self.members, strict=True):
             instance.arrivals = self.feed
             if self.handoffs is not None and member.role == "prefill":
                 instance.arrivals = PrefillArrivals(self.feed, self.handoffs)
         if self.handoffs is not None:
             self.handoffs.feed_done = lambda: self.feed.done
+
+    def _feed(self, target: Target) -> ArrivalFeed | ClosedLoopFeed:
+        """The open-loop feed, or a closed-loop client (``workload.max_concurrency``) whose
+        requests' arrival times become their send times (a copy: the caller's stay)."""
+        slots = self.config.workload.max_concurrency
+        if slots is None:
+            return ArrivalFeed(self.env, self.requests.arrival_s, target)
+        self.requests = replace(self.requests, arrival_s=self.requests.arrival_s.copy())
+        feed = ClosedLoopFeed(self.env, self.requests.arrival_s, target, slots)
+        for instance in self.instances:
+            instance.scheduler.freed = feed.freed
+        return feed
 
     def _dispatcher(self, spec: ClusterConfig) -> Dispatcher | DisaggDispatcher:
         """The router (one, or one per role with the handoffs between them)."""

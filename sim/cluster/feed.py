@@ -4,6 +4,7 @@ ahead of the clock and takes the requests delivered meanwhile itself: :meth:`del
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Protocol
 
@@ -70,3 +71,69 @@ class ArrivalFeed:
             self.target.add(rid)
         self.handed = upto
         return upto - first
+
+
+class ClosedLoopFeed:
+    """Requests sent by a closed-loop client of ``concurrency`` slots (``workload.
+    max_concurrency``; vLLM's ``benchmark_serving --max-concurrency``): in order, each at its
+    arrival time or when a slot frees, whichever is later. A slot frees when a request
+    finishes or is rejected (:meth:`freed`, the instances' schedulers call it). A request's
+    ``arrival_s`` becomes the moment it was sent, so its latencies count from there, as the
+    client measures them."""
+
+    def __init__(
+        self, env: simpy.Environment, arrival_s: np.ndarray, target: Target, concurrency: int
+    ):
+        self.env, self.arrival_s, self.target = env, arrival_s, target
+        self.earliest_s = arrival_s.copy()  # the workload's times: not sent before them
+        self.slots = [0.0] * concurrency  # when each free slot freed (a heap)
+        self.handed = 0
+        self.sent_s = 0.0  # when the last request was sent
+        self._wake: simpy.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.handed == len(self.earliest_s)
+
+    @property
+    def next_arrival_s(self) -> float:
+        """When the next request is sent (inf: none is left, or no slot is free yet)."""
+        if self.done or not self.slots:
+            return math.inf
+        return max(float(self.earliest_s[self.handed]), self.slots[0])
+
+    def freed(self, count: int, at: float | None) -> None:
+        """``count`` requests left the engine at ``at`` (None: as they were sent)."""
+        for _ in range(count):
+            heapq.heappush(self.slots, self.sent_s if at is None else at)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _hand(self, before: float, inclusive: bool) -> int:
+        """Send, in order, the requests due before ``before`` (or at it); how many."""
+        sent = 0
+        while (at := self.next_arrival_s) < before or (inclusive and at == before):
+            heapq.heappop(self.slots)
+            rid = self.handed
+            self.arrival_s[rid] = self.sent_s = at
+            self.handed += 1
+            self.target.add(rid)  # a rejection frees its slot at once (freed)
+            sent += 1
+        return sent
+
+    def process(self):
+        """The SimPy process: sleeps until the next send or until a slot frees."""
+        env = self.env
+        while not self.done:
+            at = self.next_arrival_s
+            if at > env.now:
+                self._wake = env.event()
+                events = [self._wake] if at == math.inf else [self._wake, env.timeout(at - env.now)]
+                yield env.any_of(events)
+                self._wake = None
+            elif self._hand(env.now, inclusive=True):
+                self.target.wake()
+
+    def deliver_before(self, t: float) -> int:
+        """Send the requests due before ``t`` (a run of steps simulates ahead); how many."""
+        return self._hand(t, inclusive=False)

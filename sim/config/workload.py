@@ -185,7 +185,21 @@ FittedArrival = Annotated[
 # --- generators ----------------------------------------------------------------------------
 
 
-class SyntheticWorkload(Strict):
+class Client(Strict):
+    """How the requests are sent. ``max_concurrency``: a closed-loop client of that many slots
+    (vLLM's ``benchmark_serving --max-concurrency``): a request is sent at its arrival time or
+    when one in flight finishes, whichever is later, and its latencies count from then."""
+
+    max_concurrency: int | None = Field(
+        None,
+        gt=0,
+        description="a closed-loop client of this many slots: a request is sent at its arrival "
+        "or when one in flight finishes or is rejected, whichever is later; its latencies count "
+        "from then (vLLM's `--max-concurrency`); null = open loop",
+    )
+
+
+class SyntheticWorkload(Client):
     """Independent requests with drawn arrivals and lengths.
 
     ``shared_prefix_tokens > 0`` makes the first that many tokens of every prompt identical
@@ -200,7 +214,7 @@ class SyntheticWorkload(Strict):
     shared_prefix_tokens: int = Field(0, ge=0)
 
 
-class MultiTurnWorkload(Strict):
+class MultiTurnWorkload(Client):
     """Chat sessions: each turn's prompt is the whole history plus the new user message.
 
     Sessions arrive by ``session_arrival``; a session has ``turns`` turns; turn n+1 arrives
@@ -221,7 +235,7 @@ class MultiTurnWorkload(Strict):
     max_context_tokens: int | None = Field(None, gt=0)
 
 
-class DocumentsWorkload(Strict):
+class DocumentsWorkload(Client):
     """Questions on shared documents (RAG, long-document QA): prompt = system + doc + question.
 
     Each request picks one of ``num_documents`` documents, Zipf-distributed with exponent
@@ -239,7 +253,7 @@ class DocumentsWorkload(Strict):
     system_prompt_tokens: int = Field(0, ge=0)
 
 
-class SharedContextWorkload(Strict):
+class SharedContextWorkload(Client):
     """Multi-tenant queries on shared contexts: prompt = customer's context + user's session.
 
     Each of ``customers`` customers has one long context (a document or system prompt) that
@@ -328,13 +342,13 @@ class TraceSource(Strict):
         return self
 
 
-class TraceWorkload(TraceSource):
+class TraceWorkload(TraceSource, Client):
     """Replay a trace file's requests."""
 
     kind: Literal["trace"]
 
 
-class FittedWorkload(Strict):
+class FittedWorkload(Client):
     """Requests drawn from a trace's empirical distributions (``from:`` a trace source).
 
     (prompt, output) pairs are resampled jointly from the trace's rows; arrivals resample the

@@ -103,6 +103,9 @@ class Scheduler:
         self.handed = np.zeros(n, dtype=bool)  # its KV came by handoff; not yet running
         self.fill: Callable[[int, int], simpy.Event] | None = None  # (rid, tokens) -> landed
         self.prefilled: Callable[[int, float], None] | None = None  # (rid, now): KV ready
+        # a closed-loop client (workload.max_concurrency; sim/cluster/feed.py sets it):
+        # (requests, when) left the engine, finished or rejected (when None: at arrival)
+        self.freed: Callable[[int, float | None], None] | None = None
 
     # --- arrivals ---------------------------------------------------------------------------
 
@@ -112,6 +115,8 @@ class Scheduler:
         if length > self.max_len:
             self.status[rid] = REJECTED
             self.reject_reason[rid] = self._reason(length)
+            if self.freed is not None:
+                self.freed(1, None)
             return False
         self.status[rid] = WAITING
         self.waiting.append(rid)
@@ -342,11 +347,15 @@ class Scheduler:
         if len(done):
             self.finish_s[done] = now
             self.status[done] = FINISHED
+            left = 0
             for rid in done.tolist():
                 if self.sending[rid]:  # the handoff releases its blocks once they are sent
                     self.sending[rid] = False
                     self.prefilled(rid, now)  # type: ignore[misc]
                 else:
                     self.kv.release(rid)
+                    left += 1
+            if left and self.freed is not None:
+                self.freed(left, now)
             self.running = self.running[self.status[self.running] == RUNNING]
         return done

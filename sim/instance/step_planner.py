@@ -304,6 +304,8 @@ class StepPlanner:
             kv.release(rid)
             self.available += self.held[i]
             self.resident -= self.held[i]
+        if s.freed is not None:
+            s.freed(len(done), end)
         gone = set(done)
         kept = [i for i in range(len(self.ids)) if i not in gone]
         for name in ("ids", "computed", "generated", "prompt", "output", "held"):
