@@ -12,6 +12,7 @@ HARDWARE = [
     "gh200",
     "l40s",
     "rtx3090",
+    "a40",
     "mi300x",
     "cpu-host",
 ]
@@ -20,8 +21,10 @@ MODELS = [
     "llama-2-13b",
     "llama-2-70b",
     "llama-3-8b",
+    "llama-3.1-8b",
     "llama-3-70b",
     "mistral-7b",
+    "mistral-7b-v0.2",
     "qwen2.5-7b",
     "qwen2.5-72b",
     "mixtral-8x7b",
@@ -47,6 +50,8 @@ def test_hardware_profiles_validate(name):
     ("name", "kv_bytes"),
     [
         ("llama-3-8b", 2 * 32 * 8 * 128 * 2),  # 131,072
+        ("llama-3.1-8b", 2 * 32 * 8 * 128 * 2),
+        ("mistral-7b-v0.2", 2 * 32 * 8 * 128 * 2),
         ("llama-2-7b", 2 * 32 * 32 * 128 * 2),  # 524,288
         ("llama-2-13b", 2 * 40 * 40 * 128 * 2),
         ("llama-2-70b", 2 * 80 * 8 * 128 * 2),
@@ -69,6 +74,8 @@ def test_llama3_8b_kv_per_token_is_128kib():
     [  # model cards / hardware-figures.md section 4
         ("llama-2-7b", 6.74e9, 6.74e9),
         ("llama-3-8b", 8.03e9, 8.03e9),
+        ("llama-3.1-8b", 8.03e9, 8.03e9),
+        ("mistral-7b-v0.2", 7.24e9, 7.24e9),
         ("llama-3-70b", 70.55e9, 70.55e9),
         ("mixtral-8x7b", 46.70e9, 12.88e9),
         ("deepseek-v3", 671.0e9, 37.6e9),
@@ -86,3 +93,20 @@ def test_llama3_8b_flops_per_token_by_hand():
     per_layer = 4096 * 6144 + 4096 * 4096 + 4096 * 28672 + 14336 * 4096
     macs = 32 * per_layer + 4096 * 128256
     assert m.linear_flops_per_token == 2 * macs
+
+
+def test_llama_3_1_and_mistral_v0_2_differ_from_their_predecessors_only_in_context():
+    # config.json: Llama-3.1 max_position_embeddings 131072 (Llama-3 8192); Mistral v0.2
+    # "sliding_window": null (v0.1 4096), 32768 positions
+    for new, old in (("llama-3.1-8b", "llama-3-8b"), ("mistral-7b-v0.2", "mistral-7b")):
+        a, b = load_model(new), load_model(old)
+        assert a.linear_flops_per_token == b.linear_flops_per_token
+    assert load_model("llama-3.1-8b").context_length == 131072
+    v02 = load_model("mistral-7b-v0.2")
+    assert v02.sliding_window is None and v02.context_length == 32768
+
+
+def test_a40_torch_visible_total_is_the_oom_messages():
+    # nvidia-smi 46068MiB less the driver's part: torch's "total capacity of 44.34 GiB"
+    hw = load_hardware("a40")
+    assert (hw.hbm.capacity - hw.hbm.driver_reserve) / 2**30 == pytest.approx(44.34, abs=0.005)

@@ -134,7 +134,9 @@ FIT_PROVENANCE = (
         "all (h100-sxm fitted; others estimated or carried)",
         "vLLM's logged memory profiles, vllm-project/vllm#10511 and #12126 (fit only: never "
         "test rows); A100's torch-visible total from a logged mem_get_info, RTX 3090's from "
-        "torch's out-of-memory messages (GaoLii/DSP#10, xiaoxiangAQ/GAS-Net#7)",
+        "torch's out-of-memory messages (GaoLii/DSP#10, xiaoxiangAQ/GAS-Net#7), A40's from one "
+        "('GPU 0 has a total capacity of 44.34 GiB', a public vLLM tutorial on RunPod A40s) and "
+        "its nvidia-smi total (guqiong96/Lvllm#35)",
     ),
 )
 

@@ -64,7 +64,7 @@ def test_the_other_hopper_parts_carry_the_h100_fit(gpu, h100_fit):
     assert load_hardware(gpu).efficiency.moe_gemm == load_hardware("h100-sxm").efficiency.moe_gemm
 
 
-@pytest.mark.parametrize("gpu", ["a100-80g-sxm", "l40s", "mi300x", "rtx3090"])
+@pytest.mark.parametrize("gpu", ["a100-80g-sxm", "l40s", "mi300x", "rtx3090", "a40"])
 def test_profiles_without_kernel_data_keep_the_dense_model(gpu):
     assert load_hardware(gpu).efficiency.moe_gemm == 1.0
 
