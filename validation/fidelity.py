@@ -6,8 +6,9 @@ for every simulable row the kvsim run that reproduces the measurement (``row_con
 identical requests arriving at once with ``max_num_seqs`` = the batch, as vLLM's
 ``benchmark_latency`` and LMDeploy's static benchmark run them; ``capacity_config`` for the
 KV pool an engine reports at start-up; ``load_configs`` for a prefix loaded back from CPU
-DRAM), runs it, reads the predicted figure (``predict``) and prints the signed error;
-``--out`` writes the page. A row's ``settings`` (``key=value`` overrides, as ``--set``
+DRAM; ``offload_config`` and :mod:`validation.hitrate` for serving with part of every
+prompt in a CPU KV cache), runs it, reads the predicted figure (``predict``) and prints the
+signed error; ``--out`` writes the page. A row's ``settings`` (``key=value`` overrides, as ``--set``
 takes them) are applied last. The rows are a test set: nothing in kvsim is fitted on them
 (``FIT_PROVENANCE`` says what is).
 """
@@ -30,6 +31,7 @@ from sim.config.loader import build_config
 from sim.cost import cost_model_for
 from sim.memory.hbm_plan import max_model_len, plan_hbm
 from sim.run import simulate
+from validation import hitrate
 
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
 
@@ -59,10 +61,16 @@ METRICS = {
     "kv_capacity_tokens": "tokens",  # the same in tokens (vLLM V1 "GPU KV cache size")
     "kv_max_concurrency": "concurrency",  # the pool over max_model_len ("Maximum concurrency")
     "kv_load_time": "time",  # a prefix's KV loaded from CPU DRAM back into HBM
+    # serving with part of every prompt in CPU DRAM (validation/hitrate.py)
+    "offload_request_throughput": "req/s",
+    "offload_output_throughput": "tok/s",
+    "offload_mean_ttft": "time",
+    "offload_round_time": "time",
 }
 UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
 UNITS = {
     "tok/s": "tok/s",
+    "req/s": "req/s",
     "s": "time",
     "ms": "time",
     "blocks": "blocks",
@@ -70,6 +78,12 @@ UNITS = {
     "x": "concurrency",
 }
 CAPACITY = ("kv_capacity_blocks", "kv_capacity_tokens", "kv_max_concurrency")
+OFFLOAD = (
+    "offload_request_throughput",
+    "offload_output_throughput",
+    "offload_mean_ttft",
+    "offload_round_time",
+)
 TRACE_BLOCK = 512  # tokens per Mooncake hash id (docs/workloads.md)
 LOAD_GAP_MS = 600_000  # arrivals of the DRAM-load runs' requests: each finishes before the next
 
@@ -296,6 +310,52 @@ def predict_load(row: pd.Series) -> float:
     return (loaded - kept) / UNIT_SECONDS[row["unit"]]
 
 
+def hit_rate_benchmark(row: pd.Series) -> hitrate.Benchmark:
+    """The row's throughput-against-hit-rate point (``num_requests`` empty: ``batch``)."""
+    batch = int(row["batch"])
+    return hitrate.Benchmark(
+        requests=int(row["num_requests"] or batch),
+        concurrency=batch,
+        prompt=int(row["input_tokens"]),
+        output=int(row["output_tokens"]),
+        hit_rate=float(row["hit_rate"]),
+        block_tokens=row_config(row)["engine"]["block_tokens"],
+    )
+
+
+def offload_config(row: pd.Series) -> dict:
+    """A hit-rate row's engine: as :func:`row_config`, in ``offload`` mode with prefix
+    caching, prompt blocks written through to DRAM as computed, and loads fetched before
+    compute (vLLM's offloading connector)."""
+    config = row_config(row)
+    config["kv"].update(
+        mode="offload", prefix_caching=True, layerwise=False, write_policy="write_through"
+    )
+    return config
+
+
+def predict_offload(row: pd.Series) -> float:
+    """The row's figure over the measured phase of :mod:`validation.hitrate`'s trace."""
+    bench = hit_rate_benchmark(row)
+    config = offload_config(row)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "hitrate.jsonl"
+        phases = hitrate.write_trace(bench, path)
+        config["workload"] = hitrate.workload(path, bench)
+        result = simulate(_build(row, config))
+    try:
+        hitrate.check_hits(result.summary, bench)
+        figures = hitrate.measure(result.requests, phases)
+    except RuntimeError as error:
+        raise RuntimeError(f"row {row['id']}: {error}") from None
+    if row["metric"] in ("offload_mean_ttft", "offload_round_time"):
+        seconds = figures.mean_ttft_s if row["metric"] == "offload_mean_ttft" else figures.round_s
+        return seconds / UNIT_SECONDS[row["unit"]]
+    if row["metric"] == "offload_request_throughput":
+        return figures.request_throughput
+    return figures.output_throughput
+
+
 def predict(row: pd.Series) -> float:
     """Run the row's config and return kvsim's figure for the row's metric, in its unit."""
     metric = row["metric"]
@@ -303,6 +363,8 @@ def predict(row: pd.Series) -> float:
         return predict_capacity(row)
     if metric == "kv_load_time":
         return predict_load(row)
+    if metric in OFFLOAD:
+        return predict_offload(row)
     result = simulate(_build(row, row_config(row)))
     requests = result.requests
     if (requests["status"] != "finished").any():
@@ -398,10 +460,13 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         "each rerun as the benchmark ran it: N identical requests arriving at once with "
         "`max_num_seqs` = N (vLLM's `benchmark_latency`, LMDeploy's static benchmark), one "
         "request alone (concurrency 1; a long prefill is one such request), the KV pool of the "
-        "engine's start-up plan (vLLM's `# GPU blocks` or its `Maximum concurrency`), or a "
+        "engine's start-up plan (vLLM's `# GPU blocks` or its `Maximum concurrency`), a "
         "prefix loaded back from CPU "
         "DRAM (two offload runs of a three-request trace, the prefix evicted to DRAM in one "
-        "and kept in HBM in the other). Error = predicted / measured - 1: for a time, "
+        "and kept in HBM in the other), or serving with part of every prompt in a CPU KV "
+        "cache (a closed-loop client of the benchmark's concurrency; the prompts' prefixes "
+        "served once, then the prompts: `validation/hitrate.py`). Error = predicted / "
+        "measured - 1: for a time, "
         "positive means kvsim is slower than the engine; for a throughput or a capacity, "
         "negative means it gives less. kvsim models "
         "a vLLM-like engine: rows of other engines (LMDeploy TurboMind, NVIDIA NIM) test its "
@@ -443,7 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table; with ``--out``, write the page."""
     parser = argparse.ArgumentParser(prog="python -m validation.fidelity", description=__doc__)
     parser.add_argument("--out", type=Path, help="write the page here (docs/fidelity.md)")
-    parser.add_argument("--only", help="one category (decode, prefill, kv_load, kv_capacity)")
+    parser.add_argument(
+        "--only", help="one category (decode, prefill, kv_load, kv_capacity, offload)"
+    )
     parser.add_argument("--data", type=Path, default=DATA, help="the measurement CSV")
     args = parser.parse_args(argv)
     rows = load_rows(args.data)

@@ -39,6 +39,10 @@ UNIT_OF = {
     "kv_capacity_blocks": {"blocks"},
     "kv_capacity_tokens": {"tokens"},
     "kv_max_concurrency": {"x"},
+    "offload_request_throughput": {"req/s"},
+    "offload_output_throughput": {"tok/s"},
+    "offload_mean_ttft": {"s", "ms"},
+    "offload_round_time": {"s", "ms"},
 }
 
 

@@ -1,0 +1,158 @@
+"""Serving against the CPU-cache hit rate, as KV-offload benchmarks run it.
+
+Such a benchmark (LMCache's ``long_doc_qa``, vLLM's ``benchmark_serving`` with a prefix
+dataset) serves ``requests`` prompts of ``prompt`` tokens, ``concurrency`` at a time (a
+closed-loop client, ``workload.max_concurrency``: a request is sent when one in flight
+finishes, and its latencies count from then), where the first ``hit_rate`` of every prompt
+was served once before: the engine finds it in its CPU DRAM cache and loads it instead of
+computing it. kvsim replays it as one trace of two phases, a day apart
+(:func:`write_trace`):
+
+1. **warm**: every request's prefix, as a request of its own, in the same order and at the
+   same concurrency: computed in HBM and written through to DRAM;
+2. **measure**: the requests, each its prefix and then tokens of its own.
+
+The figures are over phase 2 alone (:func:`measure`). As in the benchmark, nothing evicts
+the prefixes from HBM but the warm phase itself: prefixes served in order, more than the HBM
+pool holds, leave none there by the time phase 2 asks for them (LRU evicts the oldest), and
+:func:`check_hits` refuses a run where the prefixes were not all found in DRAM and nowhere
+else (a pool that holds them, or a DRAM cache that does not). The hit rate is realised in
+whole KV blocks (``round(hit_rate x prompt / block)`` blocks a prompt;
+:attr:`Benchmark.prefix_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+PHASE_GAP_S = 86_400.0  # between the phases: the first has long finished when the next starts
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One point of a throughput-against-hit-rate benchmark."""
+
+    requests: int
+    concurrency: int
+    prompt: int
+    output: int
+    hit_rate: float
+    block_tokens: int
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hit_rate <= 1.0:
+            raise ValueError(f"hit_rate {self.hit_rate} is not a fraction in [0, 1]")
+        if min(self.requests, self.concurrency, self.prompt, self.output) < 1:
+            raise ValueError(f"{self}: requests, concurrency and lengths must be >= 1")
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens of a prompt found in DRAM: the hit rate in whole blocks (at most the
+        prompt's full blocks)."""
+        blocks = min(
+            round(self.hit_rate * self.prompt / self.block_tokens), self.prompt // self.block_tokens
+        )
+        return blocks * self.block_tokens
+
+
+@dataclass(frozen=True)
+class Phases:
+    """When each phase arrives (s) and how many requests it holds."""
+
+    warm: int
+    measure_s: float
+    measured: int
+
+
+def write_trace(bench: Benchmark, path: Path) -> Phases:
+    """The two phases as a JSONL trace (``t`` in s, ``hash_ids`` per ``block_tokens``
+    tokens; the ids of different prompts never meet but where a prefix is shared)."""
+    per_prompt = -(-bench.prompt // bench.block_tokens)
+    prefix = bench.prefix_tokens // bench.block_tokens
+    warm = bench.requests if prefix else 0
+    own = iter(range(bench.requests * prefix, 1 << 62))
+    prefixes = [list(range(i * prefix, (i + 1) * prefix)) for i in range(bench.requests)]
+    rows = [(0.0, bench.prefix_tokens, bench.output, ids) for ids in prefixes[:warm]]
+    start = PHASE_GAP_S if warm else 0.0  # a trace's times start at its first row
+    rows += [
+        (start, bench.prompt, bench.output, ids + [next(own) for _ in range(per_prompt - prefix)])
+        for ids in prefixes
+    ]
+    lines = [
+        json.dumps({"t": t, "input_length": n, "output_length": o, "hash_ids": ids})
+        for t, n, o, ids in rows
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return Phases(warm, start, bench.requests)
+
+
+def workload(path: Path, bench: Benchmark) -> dict:
+    """The ``workload`` section that replays :func:`write_trace`'s file through a
+    closed-loop client of the benchmark's concurrency."""
+    return {
+        "kind": "trace",
+        "max_concurrency": bench.concurrency,
+        "format": "jsonl",
+        "path": str(path),
+        "columns": {
+            "arrival": "t",
+            "prompt_tokens": "input_length",
+            "output_tokens": "output_length",
+            "hash_ids": "hash_ids",
+        },
+        "time_unit": "s",
+        "hash_block_tokens": bench.block_tokens,
+    }
+
+
+def measured(requests: pd.DataFrame, phases: Phases) -> pd.DataFrame:
+    """Phase 3's requests; refuses a run where an earlier phase had not finished by then."""
+    earlier = requests.iloc[: phases.warm]
+    if len(earlier) and earlier["finish_s"].max() >= phases.measure_s:
+        raise RuntimeError("the warm-up ran into the measured phase: the phases overlap")
+    return requests.iloc[phases.warm :]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Phase 3 as a benchmark client reports it."""
+
+    round_s: float  # from the phase's start to its last finish
+    request_throughput: float  # requests / round_s
+    output_throughput: float  # output tokens / round_s
+    mean_ttft_s: float  # from the moment the client sent each request
+
+
+def measure(requests: pd.DataFrame, phases: Phases) -> Figures:
+    """The benchmark's figures over phase 3 (``requests``: the run's request table)."""
+    phase = measured(requests, phases)
+    if (phase["status"] != "finished").any():
+        raise RuntimeError("kvsim rejected a request of the measured phase")
+    span = float(phase["finish_s"].max()) - phases.measure_s
+    return Figures(
+        round_s=span,
+        request_throughput=len(phase) / span,
+        output_throughput=float(phase["output_tokens"].sum()) / span,
+        mean_ttft_s=float(phase["ttft_s"].mean()),
+    )
+
+
+def check_hits(summary: dict, bench: Benchmark) -> None:
+    """Refuse a run whose prefixes were not found in DRAM, and only there: no prompt block
+    may hit in HBM, and the DRAM hits must be every prefix block (but a last block holding
+    the prompt's last token, which vLLM always computes)."""
+    lookups = summary["prefix_lookup_blocks"]
+    hbm = round(summary["hbm_hit_rate"] * lookups)
+    dram = round(summary["dram_hit_rate"] * lookups)
+    prefix = bench.prefix_tokens // bench.block_tokens
+    whole = prefix - (bench.prefix_tokens == bench.prompt)
+    if hbm or not bench.requests * whole <= dram <= bench.requests * prefix:
+        raise RuntimeError(
+            f"the measured prompts hit {dram} blocks in DRAM and {hbm} in HBM; the benchmark "
+            f"needs {bench.requests} x {prefix} in DRAM and none in HBM (is kv.dram_capacity "
+            "large enough to keep every prefix?)"
+        )
