@@ -3,6 +3,7 @@
 import pytest
 
 from sim.config.loader import load_hardware, load_model, profile_names
+from sim.config.parallel import shard_model
 
 HARDWARE = [
     "a100-80g-sxm",
@@ -27,7 +28,9 @@ MODELS = [
     "mistral-7b-v0.2",
     "qwen2.5-7b",
     "qwen2.5-72b",
+    "qwen3-8b",
     "mixtral-8x7b",
+    "devstral-2-123b",
     "deepseek-v3",
 ]
 
@@ -56,6 +59,8 @@ def test_hardware_profiles_validate(name):
         ("llama-2-13b", 2 * 40 * 40 * 128 * 2),
         ("llama-2-70b", 2 * 80 * 8 * 128 * 2),
         ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),
+        ("qwen3-8b", 2 * 36 * 8 * 128 * 2),  # 147,456 (QK-norm leaves KV alone)
+        ("devstral-2-123b", 2 * 88 * 8 * 128 * 2),  # 360,448: bf16 KV under fp8 weights
         ("mixtral-8x7b", 2 * 32 * 8 * 128 * 2),
         ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
     ],
@@ -76,6 +81,7 @@ def test_llama3_8b_kv_per_token_is_128kib():
         ("llama-3-8b", 8.03e9, 8.03e9),
         ("llama-3.1-8b", 8.03e9, 8.03e9),
         ("mistral-7b-v0.2", 7.24e9, 7.24e9),
+        ("qwen3-8b", 8.2e9, 8.2e9),  # model card "Number of Parameters: 8.2B"
         ("llama-3-70b", 70.55e9, 70.55e9),
         ("mixtral-8x7b", 46.70e9, 12.88e9),
         ("deepseek-v3", 671.0e9, 37.6e9),
@@ -85,6 +91,32 @@ def test_parameter_counts(name, total, active):
     model = load_model(name)
     assert model.total_params == pytest.approx(total, rel=0.01)
     assert model.active_params == pytest.approx(active, rel=0.01)
+
+
+def test_qwen3_8b_and_devstral_2_parameters_by_hand():
+    # config.json shapes: per layer QKV h x (q + 2 kv), O q x h, gate/up h x 2i, down i x h;
+    # untied embedding and LM head v x h; RMSNorm 2 a layer + 1 (Qwen3's QK-norm not counted)
+    def by_hand(layers, h, q, kv, i, v):
+        per_layer = h * (q + 2 * kv) + q * h + h * 2 * i + i * h
+        return layers * per_layer + 2 * v * h + (2 * layers + 1) * h
+
+    qwen3 = by_hand(36, 4096, 32 * 128, 8 * 128, 12288, 151936)
+    devstral = by_hand(88, 12288, 96 * 128, 8 * 128, 28672, 131072)
+    assert qwen3 == 8_190_726_144  # model card 8.2B; 6.95B without the 1.24B of embeddings
+    assert devstral == 125_025_988_608  # the card's "123": Mistral Large 2's 32768-token vocab
+    assert load_model("qwen3-8b").total_params == qwen3
+    assert load_model("devstral-2-123b").total_params == devstral
+
+
+def test_devstral_2_kv_per_gpu_at_tp_8_is_the_logged_0_0967_gib():
+    # LMCache recipe (8 x H200, TP 8): 0.0967 GiB of KV per GPU for 2,304 tokens; one of the
+    # 8 KV heads per GPU: 88 layers x 2 x 1 x 128 x 2 B = 45,056 B a token
+    m = load_model("devstral-2-123b")
+    assert m.dtype == "fp8" and m.kv_bytes_per_token() == 8 * 45_056
+    logged_gib = pytest.approx(0.0967, abs=5e-5)
+    per_gpu = 2304 * 45_056
+    assert per_gpu / 2**30 == logged_gib
+    assert shard_model(m, 8).kv_bytes_per_token() * 2304 == per_gpu
 
 
 def test_llama3_8b_flops_per_token_by_hand():
