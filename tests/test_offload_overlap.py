@@ -1,9 +1,11 @@
 """A prefix load from DRAM overlaps the other requests' steps (as vLLM's offloading connector
-does), and costs the loading request its load time: a hand-computed case."""
+does), and costs the loading request its load time: a hand-computed case; with
+``kv.prefix_loads: in_step`` (LMCache's connector) it holds up the step instead."""
 
 import numpy as np
 import pytest
 
+from sim.errors import ConfigError
 from sim.run import simulate
 from sim.workload.requests import Requests
 from tests.conftest import make_config
@@ -79,3 +81,32 @@ def test_neutral_link_keys_load_at_the_links_peak():
     s2 = starts[starts >= s1 + 5e-6 + loaded_bytes / 55e9].min()
     joined = run.timeline[run.timeline.time_s == s2].iloc[0]
     assert run.requests.ttft_s[3] == pytest.approx(s2 + joined.step_s - ARRIVE, rel=1e-12)
+
+
+def test_an_in_step_load_holds_up_the_step_that_schedules_it():
+    """kv.prefix_loads: in_step (LMCache's synchronous connector): r3 is scheduled at the first
+    step after it arrives, beside r2's decode, and that step first waits out r3's whole load
+    (the neutral link keys: one latency plus the bytes at 55 GB/s), then computes both."""
+    config = make_config(
+        "engine.kv_pool_blocks=600", "hardware.link.copy_layout=block",
+        "hardware.link.half_efficiency_bytes=0", "hardware.link.load_overhead=0",
+        kv={"mode": "offload", "prefix_loads": "in_step"},
+    )  # fmt: skip
+    run, alone = simulate(config, case(True)), simulate(config, case(False))
+    load_s = 5e-6 + run.summary["h2d_bytes"] / 55e9
+    tl = run.timeline
+    s1 = tl.time_s[tl.time_s >= ARRIVE].min()
+    step = tl[tl.time_s == s1].iloc[0]
+    assert step.batch_size == 2  # r3 is in the batch at once, not loading aside
+    # the step is the load, then the compute of r3's uncached token beside r2's decode
+    compute = step.step_s - step.stall_s
+    assert step.stall_s == pytest.approx(load_s, rel=1e-9)
+    assert run.requests.ttft_s[3] == pytest.approx(s1 + load_s + compute - ARRIVE, rel=1e-9)
+    # and r2, decoding, waited for it: it finishes about a load later than without r3
+    delay = run.requests.finish_s[2] - alone.requests.finish_s[2]
+    assert load_s <= delay < load_s + 3 * compute
+
+
+def test_in_step_loads_are_refused_where_no_prefix_lives_below_hbm():
+    with pytest.raises(ConfigError, match="prefix_loads"):
+        make_config(kv={"mode": "hbm", "prefix_loads": "in_step"})

@@ -136,6 +136,7 @@ class KvConfig(Strict):
     access: Access = FullAccess()
     layerwise: bool = True
     write_policy: Literal["write_through", "write_back"] = "write_through"
+    prefix_loads: Literal["async", "in_step"] = "async"
     direct_read: bool = False
     dram_dtype: Dtype | None = None
     ssd_dtype: Dtype | None = None
@@ -159,6 +160,17 @@ class KvConfig(Strict):
     def _direct_read_needs_dram_centric(self) -> KvConfig:
         if self.direct_read and self.mode != "dram_centric":
             raise KeyedValueError("direct_read", "direct_read: true needs mode: dram_centric")
+        return self
+
+    @model_validator(mode="after")
+    def _in_step_loads_need_a_lower_tier(self) -> KvConfig:
+        if self.prefix_loads == "in_step" and self.mode == "hbm":
+            raise KeyedValueError(
+                "prefix_loads",
+                "prefix_loads: in_step times loads of prefix blocks from a lower tier; in mode "
+                "hbm no prefix block lives below HBM: expected async, or mode offload or "
+                "dram_centric",
+            )
         return self
 
     @model_validator(mode="after")

@@ -62,7 +62,10 @@ class PrefixLoads:
             waits += kv.prefetch.waits(in_hbm)  # staged copies still on their way
         if loads or waits:
             self.in_flight += 1
-            kv.env.process(self._load(rid, loads, on_ssd, sources, waits))
+            in_step = fill is None and kv.config.kv.prefix_loads == "in_step"
+            load = kv.env.process(self._load(rid, loads, on_ssd, sources, waits, not in_step))
+            if in_step:  # the step that schedules it waits for it (kv.prefix_loads)
+                kv.copies.wait_for(load)
         return bool(loads or waits)
 
     def _count(self, rid: int, hits: PrefixHits) -> None:
@@ -153,12 +156,12 @@ class PrefixLoads:
 
     def _load(
         self, rid: int, blocks: list[int], on_ssd: list[int], sources: list[tuple[Tier, int]],
-        waits: list[simpy.Event],
+        waits: list[simpy.Event], requeue: bool = True,
     ):  # fmt: skip
         """Bring lower-tier blocks home after the load's fixed cost (``link.load_overhead``):
         ``on_ssd`` ones SSD -> DRAM, then (offload) all DRAM -> HBM, in chunks of the copy
         layout; release the pinned ``sources``; wait for the prefetch copies of its blocks
-        still in flight."""
+        still in flight; then (``requeue``) hand the request back to the scheduler."""
         kv = self.kv
         dram, home = kv.tiers[DRAM], kv.home
         overhead = kv.config.hardware.link.load_overhead
@@ -179,4 +182,5 @@ class PrefixLoads:
         if waits:
             yield simpy.AllOf(kv.env, waits)
         self.in_flight -= 1
-        kv.on_loaded(rid)
+        if requeue:
+            kv.on_loaded(rid)
