@@ -109,18 +109,22 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.attention`, `efficiency.attention_extra_keys` (prefill flash attention)",
-        "h100-sxm (h100-pcie, h200-sxm, gh200 carry the fraction), a100-80g-sxm",
+        "h100-sxm (h100-pcie, h200-sxm, gh200 carry the fraction), a100-80g-sxm, "
+        "a40 (rtx3090 carries the fraction)",
         "FlashAttention-3 paper (arXiv:2407.08608) Fig. 5, causal, head dim 128, H100 SXM; "
         "FlashAttention-2 causal forward, head dim 128, on an A100 (github.com/liangan1/"
-        "GPU_travel, performance/flash-attn) (validation/data/attention_kernels.csv, "
+        "GPU_travel, performance/flash-attn) and on an RTX A5000 (GA102, as a fraction of "
+        "the A5000's peak; github.com/gpu-mode/ring-attention, "
+        "notebooks/flash_attn_benchmark_results.txt) (validation/data/attention_kernels.csv, "
         "`python -m validation.attentionfit`)",
     ),
     (
         "`efficiency.decode_attention`, `efficiency.decode_attention_latency` (paged decode)",
-        "h100-sxm (as above), a100-80g-sxm",
+        "h100-sxm (as above), a100-80g-sxm, a40 (rtx3090 carries the fraction)",
         "FlashAttention-2 paged batch-decode benchmark on H100 SXM, microsoft/onnxruntime "
-        "PR #21414; Vidur's A100 decode-attention profile (github.com/microsoft/vidur, "
-        "data/profiling/a100/attention.csv) (same CSV and fit)",
+        "PR #21414; Vidur's A100 and A40 decode-attention profiles (github.com/microsoft/"
+        "vidur, data/profiling/a100/attention.csv, data/profiling/compute/a40/meta-llama/"
+        "Llama-2-7b-hf/attention.csv) (same CSV and fit)",
     ),
     (
         "`efficiency.moe_gemm` (fused-MoE routed experts vs the dense GEMM model)",

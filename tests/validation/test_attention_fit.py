@@ -28,6 +28,11 @@ def a100_fit():
     return attentionfit.fit("a100-80g-sxm")
 
 
+@pytest.fixture(scope="module")
+def a40_fit():
+    return attentionfit.fit("a40")
+
+
 def test_fit_error_on_the_published_points(h100_fit):
     assert len(h100_fit.prefill_errors) == 6 and len(h100_fit.decode_errors) == 5
     assert np.abs(h100_fit.prefill_errors).max() < 0.05
@@ -40,6 +45,24 @@ def test_a100_fit_error_on_the_published_points(a100_fit):
     assert len(a100_fit.prefill_errors) == 6 and len(a100_fit.decode_errors) == 6
     assert np.abs(a100_fit.prefill_errors).max() < 0.05
     assert np.abs(a100_fit.decode_errors).max() < 0.10
+
+
+def test_a40_fit_error_on_the_published_points(a40_fit):
+    """GA102: FlashAttention-2 prefill on an RTX A5000 (as a fraction of its own peak) and
+    Vidur's A40 decode profile at batch 64, each within 5%."""
+    assert len(a40_fit.prefill_errors) == 6 and len(a40_fit.decode_errors) == 6
+    assert np.abs(a40_fit.prefill_errors).max() < 0.05
+    assert np.abs(a40_fit.decode_errors).max() < 0.05
+
+
+def test_a40_prefill_is_a_fraction_of_the_a5000_peak(a40_fit):
+    """The A5000's rows are fitted against the A5000's peak, not the A40's: the same rows
+    priced at the A40's peak would give a fraction 111.1 / 150 as large."""
+    rows = attentionfit.load_points()
+    rows = rows[(rows.gpu == "rtx-a5000") & (rows.kind == "prefill")]
+    on_a40, _, _ = attentionfit.fit_prefill(rows, load_hardware("a40").compute.bf16_flops)
+    peak = attentionfit.OTHER_CARDS["rtx-a5000"].bf16_flops
+    assert on_a40 == pytest.approx(a40_fit.prefill_efficiency * peak / 150e12, rel=1e-9)
 
 
 def _carries(gpu, fit):
@@ -57,6 +80,11 @@ def test_profiles_carry_the_fit(h100_fit, gpu):
 
 def test_a100_profile_carries_its_own_fit(a100_fit):
     _carries("a100-80g-sxm", a100_fit)
+
+
+@pytest.mark.parametrize("gpu", ["a40", "rtx3090"])
+def test_ga102_profiles_carry_the_a40_fit(a40_fit, gpu):
+    _carries(gpu, a40_fit)
 
 
 def test_fit_recovers_known_parameters_from_synthetic_points():
