@@ -352,12 +352,14 @@ def predict_offload(row: pd.Series) -> float:
         figures = hitrate.measure(result.requests, phases)
     except RuntimeError as error:
         raise RuntimeError(f"row {row['id']}: {error}") from None
-    if row["metric"] in ("offload_mean_ttft", "offload_round_time"):
-        seconds = figures.mean_ttft_s if row["metric"] == "offload_mean_ttft" else figures.round_s
-        return seconds / UNIT_SECONDS[row["unit"]]
-    if row["metric"] == "offload_request_throughput":
-        return figures.request_throughput
-    return figures.output_throughput
+    seconds = {"offload_mean_ttft": figures.mean_ttft_s, "offload_round_time": figures.round_s}
+    if row["metric"] in seconds:
+        return seconds[row["metric"]] / UNIT_SECONDS[row["unit"]]
+    rates = {
+        "offload_request_throughput": figures.request_throughput,
+        "offload_output_throughput": figures.output_throughput,
+    }
+    return rates[row["metric"]]
 
 
 def predict(row: pd.Series) -> float:

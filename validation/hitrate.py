@@ -110,7 +110,7 @@ def workload(path: Path, bench: Benchmark) -> dict:
 
 
 def measured(requests: pd.DataFrame, phases: Phases) -> pd.DataFrame:
-    """Phase 3's requests; refuses a run where an earlier phase had not finished by then."""
+    """Phase 2's requests; refuses a run where the warm phase had not finished by then."""
     earlier = requests.iloc[: phases.warm]
     if len(earlier) and earlier["finish_s"].max() >= phases.measure_s:
         raise RuntimeError("the warm-up ran into the measured phase: the phases overlap")
@@ -119,7 +119,7 @@ def measured(requests: pd.DataFrame, phases: Phases) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Figures:
-    """Phase 3 as a benchmark client reports it."""
+    """Phase 2 as a benchmark client reports it."""
 
     round_s: float  # from the phase's start to its last finish
     request_throughput: float  # requests / round_s
@@ -128,7 +128,7 @@ class Figures:
 
 
 def measure(requests: pd.DataFrame, phases: Phases) -> Figures:
-    """The benchmark's figures over phase 3 (``requests``: the run's request table)."""
+    """The benchmark's figures over phase 2 (``requests``: the run's request table)."""
     phase = measured(requests, phases)
     if (phase["status"] != "finished").any():
         raise RuntimeError("kvsim rejected a request of the measured phase")
