@@ -124,3 +124,21 @@ def test_a_cluster_shares_one_client():
 def test_max_concurrency_must_be_positive(bad):
     with pytest.raises(ConfigError, match="max_concurrency"):
         make_config(workload=_workload(2, AT_ONCE, concurrency=bad))
+
+
+def test_a_disaggregated_cluster_counts_a_request_once_it_has_decoded():
+    # prefill on one instance, decode on another: the slot frees at the decode's finish
+    cluster = {
+        "groups": [
+            {"name": "p", "role": "prefill", "count": 1},
+            {"name": "d", "role": "decode", "count": 1},
+        ],
+        "disaggregation": {"decider": "always"},
+        "router": {"prefill": {"kind": "least_loaded"}, "decode": {"kind": "round_robin"}},
+        "network": {"bandwidth": "50GB/s", "latency": "10us"},
+    }
+    config = make_config(workload=_workload(8, AT_ONCE, output=12, concurrency=2), cluster=cluster)
+    result = simulate(config).requests
+    sent, left = result["arrival_s"].to_numpy(), result["finish_s"].to_numpy()
+    assert (result["status"] == "finished").all()
+    assert np.allclose(sent, _replay(np.zeros(8), np.sort(left), 2), rtol=0, atol=1e-12)
