@@ -100,6 +100,13 @@ def workloads(draw: st.DrawFn, closed: bool = False) -> dict[str, Any]:
 
 
 @st.composite
+def clients(draw: st.DrawFn) -> dict[str, Any]:
+    """Open loop, or a closed-loop client of a few slots."""
+    slots = draw(st.sampled_from([None, None, 1, 3]))
+    return {} if slots is None else {"max_concurrency": slots}
+
+
+@st.composite
 def accesses(draw: st.DrawFn) -> Any:
     """Full attention, or a sparse hot set."""
     if draw(st.booleans()):
@@ -139,6 +146,8 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     kv["direct_read"] = mode == "dram_centric" and profile == "gh200" and draw(st.booleans())
     kv["dram_dtype"] = draw(st.sampled_from([None, "fp8"]))  # compressed lower tiers
     kv["prefetch"] = draw(st.sampled_from(prefetch_names()))
+    if mode != "hbm":  # a load from a lower tier: aside (vLLM's connector) or in the step
+        kv["prefix_loads"] = draw(st.sampled_from(["async", "in_step"]))
     kv = {k: v for k, v in kv.items() if v is not None}
     engine = {
         "max_num_seqs": draw(st.sampled_from([16, 8, 2, 1])),
@@ -156,7 +165,7 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
         "seed": draw(st.integers(0, 2**16)),
         "model": SMALL_MODEL,
         "hardware": hardware,
-        "workload": draw(workloads()),
+        "workload": {**draw(workloads()), **draw(clients())},
         "engine": {k: v for k, v in engine.items() if v is not None},
         "kv": kv,
     }
