@@ -332,24 +332,16 @@ def offload_config(row: pd.Series) -> dict:
     caching, prompt blocks written through to DRAM as computed, and loads fetched before
     compute (vLLM's offloading connector)."""
     config = row_config(row)
-    config["kv"].update(
-        mode="offload", prefix_caching=True, layerwise=False, write_policy="write_through"
-    )
+    config["kv"].update(hitrate.OFFLOAD_KV)
     return config
 
 
 def predict_offload(row: pd.Series) -> float:
     """The row's figure over the measured phase of :mod:`validation.hitrate`'s trace."""
-    bench = hit_rate_benchmark(row)
     config = offload_config(row)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "hitrate.jsonl"
-        phases = hitrate.write_trace(bench, path)
-        config["workload"] = hitrate.workload(path, bench)
-        result = simulate(_build(row, config))
+    source = f"fidelity row {row['id']}"
     try:
-        hitrate.check_hits(result.summary, bench)
-        figures = hitrate.measure(result.requests, phases)
+        figures = hitrate.run(config, hit_rate_benchmark(row), settings(row), source)[0]
     except RuntimeError as error:
         raise RuntimeError(f"row {row['id']}: {error}") from None
     seconds = {"offload_mean_ttft": figures.mean_ttft_s, "offload_round_time": figures.round_s}

@@ -19,15 +19,25 @@ pool holds, leave none there by the time phase 2 asks for them (LRU evicts the o
 else (a pool that holds them, or a DRAM cache that does not). The hit rate is realised in
 whole KV blocks (``round(hit_rate x prompt / block)`` blocks a prompt;
 :attr:`Benchmark.prefix_tokens`).
+
+``python -m validation.hitrate --model M --hardware H --prompt N --output N --concurrency C
+--requests R --hit-rates 0,0.5,1 [--set key=value ...] [--plot out.png]`` prints the curve
+(and draws it); ``validation/fidelity.py`` runs the published points of it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from sim.config.loader import build_config
+from sim.run import simulate
 
 PHASE_GAP_S = 86_400.0  # between the phases: the first has long finished when the next starts
 
@@ -156,3 +166,94 @@ def check_hits(summary: dict, bench: Benchmark) -> None:
             f"needs {bench.requests} x {prefix} in DRAM and none in HBM (is kv.dram_capacity "
             "large enough to keep every prefix?)"
         )
+
+
+# The engine of such a benchmark: a prefix cache in DRAM under HBM, prompt blocks written
+# through as computed, loads fetched before compute (vLLM's offloading connector; LMCache
+# loads inside the step: ``kv.prefix_loads=in_step``).
+OFFLOAD_KV = {
+    "mode": "offload",
+    "prefix_caching": True,
+    "layerwise": False,
+    "write_policy": "write_through",
+}
+
+
+def run(
+    config: dict, bench: Benchmark, overrides: Sequence[str] = (), source: str = "",
+    strict: bool = True,
+) -> tuple[Figures, dict[str, float]]:  # fmt: skip
+    """Run ``bench`` on the engine of ``config`` (a run config mapping; its workload is
+    replaced; ``overrides`` as ``--set`` takes them, applied last): the phase-2 figures and
+    where the measured prompts' tokens were found (:func:`found`). ``strict``: a
+    RuntimeError unless the prefixes were found in DRAM alone (:func:`check_hits`)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "hitrate.jsonl"
+        phases = write_trace(bench, path)
+        result = simulate(
+            build_config({**config, "workload": workload(path, bench)}, source, list(overrides))
+        )
+    if strict:
+        check_hits(result.summary, bench)
+    return measure(result.requests, phases), found(result.summary, bench)
+
+
+def found(summary: dict, bench: Benchmark) -> dict[str, float]:
+    """The fraction of the measured prompts' tokens found in HBM and in DRAM (the warm
+    phase's prompts share nothing, so every hit of the run is the measured phase's)."""
+    blocks = summary["prefix_lookup_blocks"]
+    tokens = bench.requests * bench.prompt / bench.block_tokens
+    return {tier: round(summary[f"{tier}_hit_rate"] * blocks) / tokens for tier in ("hbm", "dram")}
+
+
+def curve_config(args: argparse.Namespace) -> dict:
+    """The run config of :func:`main`'s engine (vLLM's defaults but the given ones)."""
+    return {
+        "seed": 0,
+        "model": {"profile": args.model},
+        "hardware": args.hardware,
+        "engine": {
+            "tensor_parallel_size": args.tp,
+            "max_num_seqs": args.max_num_seqs,
+            "max_batched_tokens": args.max_batched_tokens,
+        },
+        "kv": dict(OFFLOAD_KV),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print (and with ``--plot`` draw) the benchmark's figures at each hit rate, with the
+    share of the prompts' tokens actually found in HBM and in DRAM (a pool that holds the
+    prefixes serves them from HBM: more requests, or a smaller pool, push them to DRAM)."""
+    parser = argparse.ArgumentParser(prog="python -m validation.hitrate", description=__doc__)
+    parser.add_argument("--model", required=True, help="a model profile (model_profiles/)")
+    parser.add_argument("--hardware", required=True, help="a hardware profile")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--prompt", type=int, required=True, help="prompt tokens a request")
+    parser.add_argument("--output", type=int, required=True, help="output tokens a request")
+    parser.add_argument("--concurrency", type=int, required=True, help="client slots")
+    parser.add_argument("--requests", type=int, required=True, help="requests of a round")
+    parser.add_argument("--hit-rates", default="0,0.25,0.5,0.75,1", help="comma-separated")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-batched-tokens", type=int, default=8192)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--plot", type=Path, help="draw the curve here (PNG or PDF)")
+    args = parser.parse_args(argv)
+    config = curve_config(args)
+    rows = []
+    for rate in (float(x) for x in args.hit_rates.split(",")):
+        bench = Benchmark(args.requests, args.concurrency, args.prompt, args.output, rate, 16)
+        figures, tiers = run(config, bench, args.set, "validation.hitrate", strict=False)
+        realised = {f"found_{tier}": share for tier, share in tiers.items()}
+        rows.append({"hit_rate": bench.prefix_tokens / bench.prompt, **realised, **vars(figures)})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if args.plot is not None:
+        from validation.plots import plot_hit_rate_curve
+
+        print(f"wrote {plot_hit_rate_curve(table, args, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -78,3 +78,32 @@ def plot_steps(steps: pd.DataFrame, out: str | Path, report: dict) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def plot_hit_rate_curve(table: pd.DataFrame, args: object, out: str | Path) -> Path:
+    """Throughput and mean TTFT against the CPU-cache hit rate (``validation.hitrate``).
+
+    Args:
+        table: ``hit_rate, request_throughput, mean_ttft_s`` per point.
+        args: the run's arguments (model, hardware, prompt, output, concurrency), for the title.
+        out: PNG or PDF path.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), dpi=130)
+    left.plot(table.hit_rate, table.request_throughput, "o-", color="#4c72b0")
+    left.set(xlabel="hit rate (share of each prompt served before)", ylabel="requests / s")
+    right.plot(table.hit_rate, table.mean_ttft_s * 1e3, "o-", color="#c44e52")
+    right.set(xlabel="hit rate (share of each prompt served before)", ylabel="mean TTFT (ms)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    a = vars(args)
+    fig.suptitle(
+        f"{a['model']} on {a['hardware']} (TP {a['tp']}): {a['requests']} requests of "
+        f"{a['prompt']} + {a['output']} tokens, {a['concurrency']} at a time",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

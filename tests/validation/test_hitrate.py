@@ -159,3 +159,35 @@ def test_a_pool_that_keeps_the_prefixes_in_hbm_is_refused():
     row = _row(batch=1, num_requests=2, input_tokens=2000, settings="")
     with pytest.raises(RuntimeError, match=r"hand: .* in HBM"):
         fidelity.predict(row)
+
+
+def test_found_is_the_share_of_the_measured_prompts_tokens_in_each_tier():
+    # 2 prompts of 400 tokens = 50 blocks of 16; 10 blocks hit in HBM, 25 in DRAM
+    summary = {"prefix_lookup_blocks": 100, "hbm_hit_rate": 0.10, "dram_hit_rate": 0.25}
+    assert hitrate.found(summary, _bench(requests=2, prompt=400)) == {"hbm": 0.2, "dram": 0.5}
+
+
+def _curve(capsys, *extra: str) -> list[list[str]]:
+    hitrate.main(
+        ["--model", "llama-3-8b", "--hardware", "h100-sxm", "--prompt", "2000", "--output", "4",
+         "--concurrency", "2", "--requests", "12", *extra]
+    )  # fmt: skip
+    return [line.split() for line in capsys.readouterr().out.splitlines()]
+
+
+def test_the_curve_prints_each_hit_rate_with_where_the_prefixes_were_found(tmp_path, capsys):
+    out = tmp_path / "curve.png"
+    # a 400-block pool (6,400 tokens) keeps none of the 12 prefixes of 992 tokens
+    small = "engine.kv_pool_blocks=400"
+    lines = _curve(capsys, "--hit-rates", "0,0.5", "--set", small, "--plot", str(out))
+    assert lines[0] == [
+        "hit_rate", "found_hbm", "found_dram", "round_s", "request_throughput",
+        "output_throughput", "mean_ttft_s",
+    ]  # fmt: skip
+    # 0.5 x 2000 tokens = 62.5 blocks -> 62 blocks = 992 tokens, all of them from DRAM
+    assert [float(x) for x in lines[1][:3]] == [0.0, 0.0, 0.0]
+    assert [float(x) for x in lines[2][:3]] == [0.496, 0.0, 0.496]
+    assert out.stat().st_size > 0
+    # a 1000-block pool still holds some prefixes when they come back: the curve says so
+    hit, hbm, dram = (float(x) for x in _curve(capsys, "--hit-rates", "0.5", "--set", POOL)[1][:3])
+    assert hbm > 0 and hbm + dram == pytest.approx(hit)
