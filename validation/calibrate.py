@@ -27,7 +27,7 @@ from validation.opsfit import (
 )
 from validation.profile import fmt_number, fmt_pct, render_profile, set_value, write_profile
 
-BASE_PROFILES = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
+BASE_PROFILES = {"h100": "h100-sxm", "a100": "a100-80g-sxm", "a40": "a40"}
 COMMIT = re.compile(r"commit\s+`?([0-9a-f]{40})`?")
 
 

@@ -14,7 +14,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise KvsimError("give --from-table DIR or --device DEVICE, not both")
     if args.from_table:
         if args.gpu is None:
-            raise KvsimError("--from-table needs --gpu (h100 or a100): which tables to fit")
+            raise KvsimError("--from-table needs --gpu (h100, a100 or a40): which tables to fit")
         return _calibrate_from_table(args)
     if args.device:
         return _calibrate_device(args)
@@ -95,7 +95,7 @@ def add_calibrate_command(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="measured tables (Vidur mlp.csv or long format)",
     )
-    parser.add_argument("--gpu", choices=("h100", "a100"), help="which GPU's tables to fit")
+    parser.add_argument("--gpu", choices=("h100", "a100", "a40"), help="which GPU's tables to fit")
     parser.add_argument(
         "--tp-degrees",
         choices=("1", "all"),

@@ -92,9 +92,11 @@ LOAD_GAP_MS = 600_000  # arrivals of the DRAM-load runs' requests: each finishes
 FIT_PROVENANCE = (
     (
         "GEMM and per-kernel latencies, efficiencies (`efficiency.gemm*`, `efficiency.kernels`)",
-        "h100-sxm, a100-80g-sxm",
+        "h100-sxm, a100-80g-sxm, a40",
         "Vidur operator tables (github.com/microsoft/vidur, data/profiling/compute/{h100,a100}, "
-        "commit 7d47513; `kvsim calibrate`, docs/validation.md)",
+        "commit 7d47513; the A40's, data/profiling/compute/a40, commits e26eb8f and f943db9, "
+        "tp 1 rows of Llama-2-7B, CodeLlama-34B, Llama-2-70B and phi-2 in "
+        "validation/data/vidur_a40; `kvsim calibrate`, docs/validation.md)",
     ),
     (
         "`efficiency.gemm` of h200-sxm",
