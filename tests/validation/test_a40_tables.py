@@ -15,6 +15,7 @@ from sim.cli import main
 from sim.config import load_hardware
 from sim.cost.optables import read_tables
 from sim.cost.roofline import CostParams, gemm_seconds
+from tests.validation.helpers import assert_holds_fit
 from validation.opsfit import fit_ops, leave_one_model_out, peaks_of, usable_rows
 
 TABLES = Path(__file__).resolve().parents[2] / "validation" / "data" / "vidur_a40"
@@ -40,17 +41,8 @@ def test_tables_hold_the_four_models_at_tp_1(table):
 
 def test_bundled_a40_profile_holds_the_fit(table):
     hw = load_hardware("a40")
-    fit = fit_ops(table, peaks_of(hw))
-    eff = hw.efficiency
-    assert eff.gemm == pytest.approx(fit.gemm.efficiency, rel=1e-3)
-    assert eff.gemm_memory == pytest.approx(fit.gemm.memory, rel=1e-3)
-    assert eff.gemm_latency == pytest.approx(fit.gemm.latency_s, rel=1e-3)
-    assert eff.gemm_blend == pytest.approx(fit.gemm.blend, rel=1e-3)
-    for kind, kernel in fit.kernels.items():
-        bundled = getattr(eff.kernels, kind)
-        assert bundled.memory == pytest.approx(kernel.memory, rel=1e-3), kind
-        assert bundled.latency == pytest.approx(kernel.latency_s, rel=1e-3, abs=1e-9), kind
-    assert eff.layer_overhead == 0.0
+    assert_holds_fit(hw, table)
+    assert hw.efficiency.layer_overhead == 0.0
 
 
 @pytest.mark.parametrize(

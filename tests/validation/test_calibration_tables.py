@@ -11,6 +11,7 @@ from sim.config.hardware import HardwareSpec
 from sim.config.loader import read_yaml, validate
 from sim.cost.optables import read_tables
 from sim.cost.roofline import CostParams, gemm_seconds
+from tests.validation.helpers import assert_holds_fit
 from validation.opsfit import fit_ops, leave_one_model_out, peaks_of, usable_rows
 
 BUNDLED = {"h100": "h100-sxm", "a100": "a100-80g-sxm"}
@@ -36,17 +37,7 @@ def test_every_held_out_model_within_10_percent_median(gpu_tables):
 
 def test_bundled_profiles_hold_the_fit(gpu_tables):
     gpu, table = gpu_tables
-    hw = load_hardware(BUNDLED[gpu])
-    fit = fit_ops(table, peaks_of(hw))
-    eff = hw.efficiency
-    assert eff.gemm == pytest.approx(fit.gemm.efficiency, rel=1e-3)
-    assert eff.gemm_memory == pytest.approx(fit.gemm.memory, rel=1e-3)
-    assert eff.gemm_latency == pytest.approx(fit.gemm.latency_s, rel=1e-3)
-    assert eff.gemm_blend == pytest.approx(fit.gemm.blend, rel=1e-3)
-    for kind, kernel in fit.kernels.items():
-        bundled = getattr(eff.kernels, kind)
-        assert bundled.memory == pytest.approx(kernel.memory, rel=1e-3), kind
-        assert bundled.latency == pytest.approx(kernel.latency_s, rel=1e-3, abs=1e-9), kind
+    assert_holds_fit(load_hardware(BUNDLED[gpu]), table)
 
 
 def test_fitted_efficiencies_match_published_ranges(gpu_tables):

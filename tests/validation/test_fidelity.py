@@ -12,10 +12,10 @@ import math
 import re
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from sim.config.loader import build_config
+from tests.validation.helpers import hand_row
 from validation import fidelity
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,28 +178,10 @@ def test_the_readme_quotes_the_pages_summary():
     assert quoted.groups() == (n, median, str(round(float(worst))))
 
 
-def _row(**fields) -> pd.Series:
-    """A measurement row built by hand (no CSV), for the metrics no simulated row uses yet."""
-    base = dict(
-        id="hand",
-        model_profile="llama-3-8b",
-        dtype="bf16",
-        kv_dtype="bf16",
-        hardware_profile="h100-sxm",
-        tp=1,
-        batch=1,
-        input_tokens=1,
-        output_tokens=1,
-        unit="s",
-        settings="",
-    )
-    return pd.Series({**base, **fields})
-
-
 def test_a_capacity_row_plans_the_engine_it_describes_and_reads_the_pool():
     # vLLM V1 defaults of a start-up: max_num_seqs 256, a profiling batch of 8192 tokens; no
     # output length (empty, as on the CSV's capacity rows)
-    row = _row(
+    row = hand_row(
         metric="kv_capacity_blocks",
         unit="blocks",
         batch=256,
@@ -222,7 +204,7 @@ def test_a_capacity_row_plans_the_engine_it_describes_and_reads_the_pool():
 
 def test_a_concurrency_row_is_the_pool_in_sequences_of_the_max_model_len():
     # vLLM: "Maximum concurrency for 32,768 tokens per request: Cx", C = pool tokens / 32768
-    row = _row(metric="kv_capacity_tokens", unit="tokens", batch=256, input_tokens=2048,
+    row = hand_row(metric="kv_capacity_tokens", unit="tokens", batch=256, input_tokens=2048,
                output_tokens="", settings="engine.max_model_len=32768")  # fmt: skip
     tokens = fidelity.predict(row)
     row["metric"], row["unit"] = "kv_max_concurrency", "x"
@@ -239,7 +221,7 @@ def test_the_load_trace_computes_a_prefix_then_other_content_then_the_prefix_aga
     assert [r["hash_ids"] for r in rows] == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]
     assert [r["input_length"] for r in rows] == [1100] * 3
     assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
-    row = _row(metric="kv_load_time", input_tokens=1100)
+    row = hand_row(metric="kv_load_time", input_tokens=1100)
     evicting, keeping = (build_config(c) for c in fidelity.load_configs(row, path))
     # the evicting pool holds one prompt: ceil(1100 / 16) = 69 blocks, plus one
     assert evicting.engine.kv_pool_blocks == 70 and keeping.engine.kv_pool_blocks is None
@@ -248,7 +230,7 @@ def test_the_load_trace_computes_a_prefix_then_other_content_then_the_prefix_aga
 
 
 def test_a_dram_load_takes_at_least_the_bytes_over_the_host_link_and_grows_with_them():
-    row = _row(metric="kv_load_time", unit="ms", input_tokens=10240)
+    row = hand_row(metric="kv_load_time", unit="ms", input_tokens=10240)
     load_ms = fidelity.predict(row)
     # Llama-3-8B bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 128 KiB a token; the 10240
     # tokens but the last blocks (recomputed: at most 4 of 16 tokens) come back over H100's

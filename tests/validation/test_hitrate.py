@@ -12,6 +12,7 @@ import pytest
 
 from sim.config.loader import build_config
 from sim.run import simulate
+from tests.validation.helpers import hand_row
 from validation import fidelity, hitrate
 from validation.hitrate import PHASE_GAP_S, Benchmark, Phases
 
@@ -109,23 +110,9 @@ POOL = "engine.kv_pool_blocks=1000"  # 16,000 tokens: less than the prefixes of 
 def _row(**fields) -> pd.Series:
     """A hit-rate row by hand: 12 requests of 6000 tokens, 2 at a time, on a 1000-block pool,
     so that the warm phase's prefixes (36,000 tokens) leave none in HBM."""
-    base = dict(
-        id="hand",
-        model_profile="llama-3-8b",
-        dtype="bf16",
-        kv_dtype="bf16",
-        hardware_profile="h100-sxm",
-        tp=1,
-        batch=2,
-        num_requests=12,
-        input_tokens=6000,
-        output_tokens=20,
-        hit_rate=0.5,
-        metric="offload_round_time",
-        unit="s",
-        settings=POOL,
-    )
-    return pd.Series({**base, **fields})
+    base = dict(batch=2, num_requests=12, input_tokens=6000, output_tokens=20, hit_rate=0.5,
+                metric="offload_round_time", settings=POOL)  # fmt: skip
+    return hand_row(**{**base, **fields})
 
 
 def test_without_hits_a_row_is_a_plain_closed_loop_run():
