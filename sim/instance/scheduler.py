@@ -96,7 +96,7 @@ class Scheduler:
         self.running = np.zeros(0, dtype=np.int64)
         self.loading = 0
         # a request whose prefix loads waits out of the batch (else the step waits for it)
-        self.kv_loads_wait = kv.config.kv.prefix_loads == "async"
+        self.load_aside = kv.config.kv.prefix_loads == "async"
         self.max_len = max_sequence_tokens(engine, kv.home.capacity)
         kv.on_loaded = self.loaded
         # prefill/decode disaggregation (sim/cluster/handoff.py sets the two hooks)
@@ -255,7 +255,7 @@ class Scheduler:
         hits, start, n, _ = plan
         if kv.held[rid] == 0:
             self.computed[rid] = start
-            if kv.take(rid, hits) and self.kv_loads_wait:
+            if kv.take(rid, hits) and self.load_aside:
                 self.loading += 1
                 return 0
         kv.allocate(rid, start + n)
