@@ -239,3 +239,12 @@ def test_a_dram_load_takes_at_least_the_bytes_over_the_host_link_and_grows_with_
     assert floor_ms <= load_ms < 2 * floor_ms
     row["input_tokens"] = 20480
     assert fidelity.predict(row) == pytest.approx(2 * load_ms, rel=0.1)
+
+
+def test_hit_rates_and_request_counts_belong_to_offload_rows(raw_rows):
+    for r in raw_rows:
+        if r["category"] == "offload":
+            assert 0.0 <= float(r["hit_rate"]) <= 1.0, r["id"]
+            assert not r["num_requests"] or int(r["num_requests"]) >= int(r["batch"]), r["id"]
+        else:
+            assert r["hit_rate"] == r["num_requests"] == "", r["id"]
