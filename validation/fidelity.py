@@ -57,6 +57,10 @@ METRICS = {
     "e2e_latency": "time",  # time until the whole batch has finished
     "ttft": "time",  # first token of a request alone
     "itl": "time",  # mean time between output tokens of a request alone
+    "total_throughput": "tok/s",  # (prompt + output tokens of the batch) / the same time
+    "request_throughput": "req/s",  # batch / the same time
+    "mean_ttft": "time",  # mean over the batch's requests (from each one's arrival)
+    "mean_tpot": "time",  # mean over the batch's requests of their time per output token
     "kv_capacity_blocks": "blocks",  # KV blocks of the start-up memory plan (vLLM "# GPU blocks")
     "kv_capacity_tokens": "tokens",  # the same in tokens (vLLM V1 "GPU KV cache size")
     "kv_max_concurrency": "concurrency",  # the pool over max_model_len ("Maximum concurrency")
@@ -369,12 +373,20 @@ def predict(row: pd.Series) -> float:
     requests = result.requests
     if (requests["status"] != "finished").any():
         raise RuntimeError(f"row {row['id']}: kvsim rejected a request of the benchmark")
-    if metric == "output_throughput":
-        return float(requests["output_tokens"].sum() / requests["finish_s"].max())
+    span = float(requests["finish_s"].max())
+    rates = {
+        "output_throughput": requests["output_tokens"].sum() / span,
+        "total_throughput": (requests["prompt_tokens"] + requests["output_tokens"]).sum() / span,
+        "request_throughput": len(requests) / span,
+    }
+    if metric in rates:
+        return float(rates[metric])
     seconds = {
-        "e2e_latency": requests["finish_s"].max(),
+        "e2e_latency": span,
         "ttft": requests["ttft_s"].iloc[0],
         "itl": requests["tpot_s"].iloc[0],
+        "mean_ttft": requests["ttft_s"].mean(),
+        "mean_tpot": requests["tpot_s"].mean(),
     }[metric]
     return float(seconds) / UNIT_SECONDS[row["unit"]]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim.config.loader import build_config
+from sim.run import simulate
 from tests.validation.helpers import hand_row
 from validation import fidelity
 
@@ -35,6 +36,10 @@ UNIT_OF = {
     "e2e_latency": {"s", "ms"},
     "ttft": {"s", "ms"},
     "itl": {"s", "ms"},
+    "total_throughput": {"tok/s"},
+    "request_throughput": {"req/s"},
+    "mean_ttft": {"s", "ms"},
+    "mean_tpot": {"s", "ms"},
     "kv_load_time": {"s", "ms"},
     "kv_capacity_blocks": {"blocks"},
     "kv_capacity_tokens": {"tokens"},
@@ -248,3 +253,23 @@ def test_hit_rates_and_request_counts_belong_to_offload_rows(raw_rows):
             assert not r["num_requests"] or int(r["num_requests"]) >= int(r["batch"]), r["id"]
         else:
             assert r["hit_rate"] == r["num_requests"] == "", r["id"]
+
+
+def test_batch_means_and_rates_are_those_of_the_run_the_row_describes():
+    # 8 requests through a closed-loop client of 2 slots, run here directly for reference
+    row = hand_row(batch=8, input_tokens=512, output_tokens=16, unit="ms",
+                   settings="engine.max_num_seqs=2 workload.max_concurrency=2")  # fmt: skip
+    config = fidelity.row_config(row)
+    reference = simulate(build_config(config, overrides=fidelity.settings(row))).requests
+    span = reference["finish_s"].max()
+    assert (reference["arrival_s"] > 0).sum() == 6  # the client held back all but 2
+    expected = {
+        ("mean_ttft", "ms"): reference["ttft_s"].mean() * 1e3,
+        ("mean_tpot", "ms"): reference["tpot_s"].mean() * 1e3,
+        ("request_throughput", "req/s"): 8 / span,
+        ("total_throughput", "tok/s"): 8 * (512 + 16) / span,
+        ("output_throughput", "tok/s"): 8 * 16 / span,
+    }
+    for (metric, unit), value in expected.items():
+        row["metric"], row["unit"] = metric, unit
+        assert fidelity.predict(row) == pytest.approx(value, rel=1e-12), metric
