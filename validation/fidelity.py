@@ -401,7 +401,13 @@ def _fmt(value: float) -> str:
 
 
 def _lengths(row: pd.Series) -> str:
-    return f"{row['input_tokens']} / {row['output_tokens']}"
+    """Input / output tokens; for an offload row, the share of the prompt found in DRAM and
+    the round's requests."""
+    text = f"{row['input_tokens']} / {row['output_tokens']}"
+    if str(row.get("hit_rate", "")).strip():
+        requests = row["num_requests"] or row["batch"]
+        text += f", hit {float(row['hit_rate']):g}, {requests} requests"
+    return text
 
 
 def outcome_table(outcomes: Sequence[Outcome]) -> list[str]:
