@@ -29,6 +29,7 @@ import pandas as pd
 
 from sim.config.loader import build_config
 from sim.cost import cost_model_for
+from sim.errors import KvsimError
 from sim.memory.hbm_plan import max_model_len, plan_hbm
 from sim.run import simulate
 from validation import hitrate
@@ -167,10 +168,12 @@ FIT_PROVENANCE = (
 
 @dataclass(frozen=True)
 class Outcome:
-    """One row's prediction: the figure in the row's unit and its signed relative error."""
+    """One row's prediction: the figure in the row's unit and its signed relative error, or
+    why kvsim could not reproduce the row (``problem``; ``predicted`` is NaN then)."""
 
     row: pd.Series
     predicted: float
+    problem: str = ""
 
     @property
     def error(self) -> float:
@@ -392,8 +395,29 @@ def predict(row: pd.Series) -> float:
 
 
 def run(rows: pd.DataFrame) -> list[Outcome]:
-    """Predict every simulable row, in file order."""
-    return [Outcome(row, predict(row)) for _, row in rows.iterrows() if is_simulated(row)]
+    """Predict every simulable row, in file order; a row kvsim refuses or cannot reproduce
+    gets its reason instead of failing the others."""
+    return [_outcome(row) for _, row in rows.iterrows() if is_simulated(row)]
+
+
+def _outcome(row: pd.Series) -> Outcome:
+    try:
+        return Outcome(row, predict(row))
+    except (RuntimeError, KvsimError) as error:
+        return Outcome(row, math.nan, " ".join(str(error).split()))
+
+
+def failed_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """Simulated rows kvsim could not reproduce, with the reason."""
+    lines = ["| id | category | metric | measured | why kvsim could not reproduce it |"]
+    lines.append("|---|---|---|---|---|")
+    for o in outcomes:
+        r = o.row
+        lines.append(
+            f"| {r['id']} | {r['category']} | {r['metric']} | {r['value']} {r['unit']} "
+            f"| {o.problem.replace('|', '/')} |"
+        )
+    return lines
 
 
 def _fmt(value: float) -> str:
@@ -466,9 +490,13 @@ def provenance() -> list[str]:
     return lines
 
 
-def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> str:
-    """docs/fidelity.md: how to rerun, the table, the error summary, skipped rows, provenance."""
+def page(rows: pd.DataFrame, results: Sequence[Outcome], only: str | None) -> str:
+    """docs/fidelity.md: how to rerun, the table, the error summary, rows kvsim could not
+    reproduce (if any), skipped rows, provenance."""
     scope = f" (category `{only}` only)" if only else ""
+    outcomes = [o for o in results if not o.problem]
+    failed = [o for o in results if o.problem]
+    failures = ["## Simulated rows kvsim could not reproduce", "", *failed_table(failed), ""]
     parts = [
         "# Fidelity: public serving measurements against kvsim",
         "",
@@ -506,6 +534,7 @@ def page(rows: pd.DataFrame, outcomes: Sequence[Outcome], only: str | None) -> s
         "",
         *outcome_table(outcomes),
         "",
+        *(failures if failed else []),
         "## Kept but not simulated",
         "",
         *skipped_table(rows),
@@ -536,16 +565,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = rows[rows["category"] == args.only]
         if not len(rows):
             parser.error(f"--only {args.only}: no row has that category")
-    outcomes = run(rows)
+    results = run(rows)
+    outcomes = [o for o in results if not o.problem]
+    for o in results:
+        if o.problem:
+            print(f"row {o.row['id']}: {o.problem}", file=sys.stderr)
     if not outcomes:
         print(f"no simulable rows{' in ' + args.only if args.only else ''}", file=sys.stderr)
         return 1
-    text = page(rows, outcomes, args.only)
+    text = page(rows, results, args.only)
     print("\n".join([*error_summary(outcomes), "", *outcome_table(outcomes)]))
     if args.out is not None:
         args.out.write_text(text)
         print(f"wrote {args.out}")
-    return 0 if all(math.isfinite(o.predicted) for o in outcomes) else 1
+    return 0 if all(math.isfinite(o.predicted) for o in results) else 1
 
 
 if __name__ == "__main__":

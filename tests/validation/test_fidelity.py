@@ -12,6 +12,7 @@ import math
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.config.loader import build_config
@@ -273,3 +274,22 @@ def test_batch_means_and_rates_are_those_of_the_run_the_row_describes():
     for (metric, unit), value in expected.items():
         row["metric"], row["unit"] = metric, unit
         assert fidelity.predict(row) == pytest.approx(value, rel=1e-12), metric
+
+
+def test_a_row_kvsim_cannot_reproduce_is_reported_and_the_others_still_run():
+    shared = dict(source="https://x", hardware="H100", model="m", engine="e", version="v",
+                  simulate="yes", num_requests="", hit_rate="")  # fmt: skip
+    good = hand_row(id="good", category="decode", metric="ttft", value=0.02, **shared)
+    # two 1000-token prefixes stay in H100's HBM: the DRAM-load premise fails
+    bad = hand_row(id="bad", category="offload", metric="offload_round_time", value=1.0,
+                   batch=1, input_tokens=2000, output_tokens=4, **shared)  # fmt: skip
+    bad["num_requests"], bad["hit_rate"] = 2, 0.5
+    rows = pd.DataFrame([good, bad])
+    results = fidelity.run(rows)
+    assert [o.row["id"] for o in results] == ["good", "bad"]
+    assert not results[0].problem and results[0].predicted > 0
+    assert "in HBM" in results[1].problem and math.isnan(results[1].predicted)
+    text = fidelity.page(rows, results, None)
+    assert "## Simulated rows kvsim could not reproduce" in text
+    assert "| bad | offload | offload_round_time | 1.0 s |" in text
+    assert "| all | 1 |" in text  # the summary counts the rows it reproduced
