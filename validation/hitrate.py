@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config.loader import build_config
+from sim.errors import KvsimError
 from sim.run import simulate
 
 PHASE_GAP_S = 86_400.0  # between the phases: the first has long finished when the next starts
@@ -221,6 +222,15 @@ def curve_config(args: argparse.Namespace) -> dict:
     }
 
 
+def _fractions(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated fractions, e.g. 0,0.5,1"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print (and with ``--plot`` draw) the benchmark's figures at each hit rate, with the
     share of the prompts' tokens actually found in HBM and in DRAM (a pool that holds the
@@ -233,7 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=int, required=True, help="output tokens a request")
     parser.add_argument("--concurrency", type=int, required=True, help="client slots")
     parser.add_argument("--requests", type=int, required=True, help="requests of a round")
-    parser.add_argument("--hit-rates", default="0,0.25,0.5,0.75,1", help="comma-separated")
+    parser.add_argument(
+        "--hit-rates", type=_fractions, default="0,0.25,0.5,0.75,1", help="comma-separated"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -241,11 +253,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = curve_config(args)
     rows = []
-    for rate in (float(x) for x in args.hit_rates.split(",")):
-        bench = Benchmark(args.requests, args.concurrency, args.prompt, args.output, rate, 16)
-        figures, tiers = run(config, bench, args.set, "validation.hitrate", strict=False)
-        realised = {f"found_{tier}": share for tier, share in tiers.items()}
-        rows.append({"hit_rate": bench.prefix_tokens / bench.prompt, **realised, **vars(figures)})
+    try:
+        for rate in args.hit_rates:
+            bench = Benchmark(args.requests, args.concurrency, args.prompt, args.output, rate, 16)
+            figures, tiers = run(config, bench, args.set, "validation.hitrate", strict=False)
+            realised = {f"found_{tier}": share for tier, share in tiers.items()}
+            rows.append(
+                {"hit_rate": bench.prefix_tokens / bench.prompt, **realised, **vars(figures)}
+            )
+    except (ValueError, RuntimeError, KvsimError) as error:
+        parser.error(" ".join(str(error).split()))
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if args.plot is not None:

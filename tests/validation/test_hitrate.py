@@ -178,3 +178,18 @@ def test_the_curve_prints_each_hit_rate_with_where_the_prefixes_were_found(tmp_p
     # a 1000-block pool still holds some prefixes when they come back: the curve says so
     hit, hbm, dram = (float(x) for x in _curve(capsys, "--hit-rates", "0.5", "--set", POOL)[1][:3])
     assert hbm > 0 and hbm + dram == pytest.approx(hit)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--hit-rates", "x"], "expected comma-separated fractions"),
+        (["--hit-rates", "1.5"], "hit_rate 1.5 is not a fraction"),
+        (["--set", "kv.mode=nope"], "unknown KV mode"),
+    ],
+)
+def test_the_curve_refuses_bad_input_in_one_line(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_:
+        _curve(capsys, *extra)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
