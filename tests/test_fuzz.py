@@ -148,6 +148,8 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     kv["prefetch"] = draw(st.sampled_from(prefetch_names()))
     if mode != "hbm":  # a load from a lower tier: aside (vLLM's connector) or in the step
         kv["prefix_loads"] = draw(st.sampled_from(["async", "in_step"]))
+    if mode == "offload" and kv["prefix_caching"] and kv["write_policy"] == "write_through":
+        kv["hbm_prefix_caching"] = draw(st.booleans())  # the engine's own cache off or on
     kv = {k: v for k, v in kv.items() if v is not None}
     engine = {
         "max_num_seqs": draw(st.sampled_from([16, 8, 2, 1])),

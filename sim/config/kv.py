@@ -141,6 +141,7 @@ class KvConfig(Strict):
     dram_dtype: Dtype | None = None
     ssd_dtype: Dtype | None = None
     prefix_caching: bool = True
+    hbm_prefix_caching: bool = True
     eviction: PolicySpec = "lru"
     prefetch: PrefetchSpec = "none"
     hbm: HbmTier = HbmTier()
@@ -170,6 +171,26 @@ class KvConfig(Strict):
                 "prefix_loads: in_step times loads of prefix blocks from a lower tier; in mode "
                 "hbm no prefix block lives below HBM: expected async, or mode offload or "
                 "dram_centric",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hbm_prefix_caching_off_needs_offload(self) -> KvConfig:
+        if self.hbm_prefix_caching:
+            return self
+        if self.mode != "offload" or not self.prefix_caching:
+            raise KeyedValueError(
+                "hbm_prefix_caching",
+                "hbm_prefix_caching: false turns off the engine's own prefix cache beside a "
+                "DRAM one (vLLM's --no-enable-prefix-caching with a KV connector): expected "
+                f"mode offload with prefix_caching true, got mode {self.mode} with "
+                f"prefix_caching {str(self.prefix_caching).lower()}",
+            )
+        if self.write_policy != "write_through":
+            raise KeyedValueError(
+                "hbm_prefix_caching",
+                "hbm_prefix_caching: false drops a finished request's blocks from HBM at once, "
+                "so they must be in DRAM already: expected write_policy write_through",
             )
         return self
 

@@ -60,6 +60,7 @@ class KvManager:
             table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers
         )
         self.prefix = self.index.enabled
+        self.hbm_caches = kv.hbm_prefix_caching  # finished requests' blocks stay in HBM
         keeps = host.keeps_below[HBM]
         hbm = hbm_pool(config, table, hbm_blocks, keeps, host.lost_cost)
         self.tiers = [hbm, host.dram, host.ssd]
@@ -158,6 +159,23 @@ class KvManager:
         self.holdings.forget(rid)
         self.index.registered[rid] = 0
 
+    def _leave_hbm(self, run: np.ndarray, now: float) -> None:
+        """``kv.hbm_prefix_caching: false``: dead hashed blocks leave HBM at once; those in a
+        lower tier stay findable there (evictable), the others are dropped."""
+        t = self.table
+        self.tiers[HBM].remove_many(run)
+        kept = t.where[:, run].any(axis=0)
+        for tier in self.tiers[1:]:
+            here = run[t.where[tier.index, run]]
+            if len(here):
+                tier.make_evictable_many(here, now)
+        gone = run[~kept]
+        if len(gone):
+            if self.prefetch.active:
+                for b in gone.tolist():
+                    self.prefetch.forget(b)
+            t.drop_many(gone)
+
     def _release_dead(self, dead: np.ndarray, now: float) -> None:
         """Blocks no request holds any more: hashed ones stay cached, the rest are dropped.
 
@@ -169,6 +187,9 @@ class KvManager:
         edges = np.flatnonzero(cached[1:] != cached[:-1]) + 1 if len(dead) else []
         for start, end in pairwise([0, *edges, len(dead)] if len(dead) else []):
             run = dead[start:end]
+            if cached[start] and not self.hbm_caches:
+                self._leave_hbm(run, now)
+                continue
             if cached[start]:
                 for tier in self.tiers:  # evictable in each tier holding them
                     here = run[t.where[tier.index, run]]
