@@ -178,6 +178,11 @@ def test_the_curve_prints_each_hit_rate_with_where_the_prefixes_were_found(tmp_p
     # a 1000-block pool still holds some prefixes when they come back: the curve says so
     hit, hbm, dram = (float(x) for x in _curve(capsys, "--hit-rates", "0.5", "--set", POOL)[1][:3])
     assert hbm > 0 and hbm + dram == pytest.approx(hit)
+    # ... unless the engine's own prefix cache is off: then every prefix comes from DRAM
+    off = _curve(
+        capsys, "--hit-rates", "0.5", "--set", POOL, "--set", "kv.hbm_prefix_caching=false"
+    )
+    assert [float(x) for x in off[1][:3]] == [0.496, 0.0, 0.496]
 
 
 @pytest.mark.parametrize(
