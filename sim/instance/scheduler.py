@@ -95,8 +95,6 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.running = np.zeros(0, dtype=np.int64)
         self.loading = 0
-        # a request whose prefix loads waits out of the batch (else the step waits for it)
-        self.load_aside = kv.config.kv.prefix_loads == "async"
         self.max_len = max_sequence_tokens(engine, kv.home.capacity)
         kv.on_loaded = self.loaded
         # prefill/decode disaggregation (sim/cluster/handoff.py sets the two hooks)
@@ -255,7 +253,7 @@ class Scheduler:
         hits, start, n, _ = plan
         if kv.held[rid] == 0:
             self.computed[rid] = start
-            if kv.take(rid, hits) and self.load_aside:
+            if kv.take(rid, hits):
                 self.loading += 1
                 return 0
         kv.allocate(rid, start + n)

@@ -29,7 +29,8 @@ class PrefixLoads:
         self.farthest = np.full(len(kv.held), -1, dtype=np.int8)
 
     def take(self, rid: int, hits: PrefixHits, fill: Fill | None = None) -> bool:
-        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending.
+        """Reference the hit blocks; start loading lower-tier ones. True if the request waits
+        aside for a load (``kv.prefix_loads: in_step``: the next step waits for it instead).
 
         ``fill``: the ``hits.remote`` blocks are a handoff's (a disaggregated request's KV,
         sent by its prefill instance: :meth:`_receive`), not the pool's."""
@@ -60,13 +61,14 @@ class PrefixLoads:
             in_hbm = hits.blocks[t.where[HBM, hits.blocks]].tolist()
             kv.prefetch.used(in_hbm)
             waits += kv.prefetch.waits(in_hbm)  # staged copies still on their way
-        if loads or waits:
-            self.in_flight += 1
-            in_step = fill is None and kv.config.kv.prefix_loads == "in_step"
-            load = kv.env.process(self._load(rid, loads, on_ssd, sources, waits, not in_step))
-            if in_step:  # the step that schedules it waits for it (kv.prefix_loads)
-                kv.copies.wait_for(load)
-        return bool(loads or waits)
+        if not (loads or waits):
+            return False
+        self.in_flight += 1
+        in_step = fill is None and kv.config.kv.prefix_loads == "in_step"
+        load = kv.env.process(self._load(rid, loads, on_ssd, sources, waits, not in_step))
+        if in_step:  # the step that schedules it waits for it (kv.prefix_loads)
+            kv.copies.wait_for(load)
+        return not in_step
 
     def _count(self, rid: int, hits: PrefixHits) -> None:
         """Count the lookup, and its hits as reuse or re-hits (:meth:`_reference` counts

@@ -30,7 +30,7 @@ from sim.kv.prefix import NO_HITS, PrefixHits, PrefixIndex
 from sim.kv.reads import Holdings, ReadsObserver, read_sets, union
 from sim.kv.remote import RemoteKv
 from sim.kv.swap import SwapSpace
-from sim.memory.blocks import HBM, BlockTable
+from sim.memory.blocks import DRAM, HBM, SSD, BlockTable
 from sim.memory.links import Links
 from sim.memory.tiers import Tier
 from sim.workload.requests import Requests
@@ -159,38 +159,23 @@ class KvManager:
         self.holdings.forget(rid)
         self.index.registered[rid] = 0
 
-    def _leave_hbm(self, run: np.ndarray, now: float) -> None:
-        """``kv.hbm_prefix_caching: false``: dead hashed blocks leave HBM at once; those in a
-        lower tier stay findable there (evictable), the others are dropped."""
-        t = self.table
-        self.tiers[HBM].remove_many(run)
-        kept = t.where[:, run].any(axis=0)
-        for tier in self.tiers[1:]:
-            here = run[t.where[tier.index, run]]
-            if len(here):
-                tier.make_evictable_many(here, now)
-        gone = run[~kept]
-        if len(gone):
-            if self.prefetch.active:
-                for b in gone.tolist():
-                    self.prefetch.forget(b)
-            t.drop_many(gone)
-
     def _release_dead(self, dead: np.ndarray, now: float) -> None:
-        """Blocks no request holds any more: hashed ones stay cached, the rest are dropped.
+        """Blocks no request holds any more: hashed ones stay cached (with
+        ``kv.hbm_prefix_caching`` false, only below HBM), the rest are dropped.
 
         NOTE: a dead block touches only its own column and each tier's policy; runs of kept
         (or dropped) blocks in a row keep every tier's calls in the same order.
         """
         t = self.table
         cached = (t.hash[dead] != 0) if self.prefix else np.zeros(len(dead), dtype=bool)
+        if not self.hbm_caches:  # kv.hbm_prefix_caching false: cached below HBM, or dropped
+            cached &= t.where[DRAM, dead] | t.where[SSD, dead]
         edges = np.flatnonzero(cached[1:] != cached[:-1]) + 1 if len(dead) else []
         for start, end in pairwise([0, *edges, len(dead)] if len(dead) else []):
             run = dead[start:end]
-            if cached[start] and not self.hbm_caches:
-                self._leave_hbm(run, now)
-                continue
             if cached[start]:
+                if not self.hbm_caches:  # they leave HBM at once
+                    self.tiers[HBM].remove_many(run)
                 for tier in self.tiers:  # evictable in each tier holding them
                     here = run[t.where[tier.index, run]]
                     if len(here):
@@ -256,7 +241,8 @@ class KvManager:
         return new + taken + elsewhere
 
     def take(self, rid: int, hits: PrefixHits) -> bool:
-        """Reference the hit blocks; start loading lower-tier ones. True if a load is pending."""
+        """Reference the hit blocks; start loading lower-tier ones. True if the request waits
+        aside for a load (:meth:`PrefixLoads.take`)."""
         return self.prefix and self.loads.take(rid, hits)
 
     def register(self, rid: int, computed: int) -> None:
