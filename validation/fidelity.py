@@ -453,9 +453,13 @@ def outcome_table(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def error_summary(outcomes: Sequence[Outcome]) -> list[str]:
-    """Median and worst absolute error, overall and per category."""
+    """Median and worst absolute error, overall, on vLLM's rows (the engine kvsim models)
+    when other engines' rows are there too, and per category."""
     lines = ["| rows | n | median abs. error | worst abs. error (row) |", "|---|---|---|---|"]
     groups = [("all", list(outcomes))]
+    vllm = [o for o in outcomes if "vLLM" in o.row["engine"]]
+    if 0 < len(vllm) < len(outcomes):
+        groups.append(("vLLM engines", vllm))
     categories = list(dict.fromkeys(o.row["category"] for o in outcomes))
     if len(categories) > 1:
         groups += [(c, [o for o in outcomes if o.row["category"] == c]) for c in categories]

@@ -293,3 +293,22 @@ def test_a_row_kvsim_cannot_reproduce_is_reported_and_the_others_still_run():
     assert "## Simulated rows kvsim could not reproduce" in text
     assert "| bad | offload | offload_round_time | 1.0 s |" in text
     assert "| all | 1 |" in text  # the summary counts the rows it reproduced
+
+
+def test_the_summary_gives_vllms_rows_their_own_line_when_other_engines_are_there():
+    def outcome(name, engine, category, error):
+        row = hand_row(id=name, engine=engine, category=category, value=2.0)
+        return fidelity.Outcome(row, 2.0 * (1 + error))
+
+    # vLLM rows' absolute errors 10%, 30%, 20%: median 20%, worst 30% (row b)
+    outcomes = [
+        outcome("a", "vLLM", "decode", 0.10),
+        outcome("b", "vLLM + LMCache", "offload", -0.30),
+        outcome("c", "LMDeploy TurboMind", "decode", 0.50),
+        outcome("d", "vLLM (no CPU tier)", "offload", 0.20),
+    ]
+    lines = fidelity.error_summary(outcomes)
+    assert "| vLLM engines | 3 | 20.0% | 30.0% (b) |" in lines
+    assert "| all | 4 | 25.0% | 50.0% (c) |" in lines
+    only_vllm = fidelity.error_summary([o for o in outcomes if o.row["id"] != "c"])
+    assert not any("vLLM engines" in line for line in only_vllm)  # the same as "all"
