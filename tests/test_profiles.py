@@ -29,6 +29,7 @@ MODELS = [
     "qwen2.5-7b",
     "qwen2.5-72b",
     "qwen3-8b",
+    "qwen3-235b-a22b",
     "mixtral-8x7b",
     "devstral-2-123b",
     "deepseek-v3",
@@ -60,6 +61,7 @@ def test_hardware_profiles_validate(name):
         ("llama-2-70b", 2 * 80 * 8 * 128 * 2),
         ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),
         ("qwen3-8b", 2 * 36 * 8 * 128 * 2),  # 147,456 (QK-norm leaves KV alone)
+        ("qwen3-235b-a22b", 2 * 94 * 4 * 128 * 2),  # 192,512
         ("devstral-2-123b", 2 * 88 * 8 * 128 * 2),  # 360,448: bf16 KV under fp8 weights
         ("mixtral-8x7b", 2 * 32 * 8 * 128 * 2),
         ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
