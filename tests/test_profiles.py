@@ -30,6 +30,7 @@ MODELS = [
     "qwen2.5-72b",
     "qwen3-8b",
     "qwen3-235b-a22b",
+    "qwen3-30b-a3b",
     "mixtral-8x7b",
     "devstral-2-123b",
     "deepseek-v3",
@@ -62,6 +63,7 @@ def test_hardware_profiles_validate(name):
         ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),
         ("qwen3-8b", 2 * 36 * 8 * 128 * 2),  # 147,456 (QK-norm leaves KV alone)
         ("qwen3-235b-a22b", 2 * 94 * 4 * 128 * 2),  # 192,512
+        ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),  # 98,304
         ("devstral-2-123b", 2 * 88 * 8 * 128 * 2),  # 360,448: bf16 KV under fp8 weights
         ("mixtral-8x7b", 2 * 32 * 8 * 128 * 2),
         ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
@@ -86,6 +88,7 @@ def test_llama3_8b_kv_per_token_is_128kib():
         ("qwen3-8b", 8.2e9, 8.2e9),  # model card "Number of Parameters: 8.2B"
         ("llama-3-70b", 70.55e9, 70.55e9),
         ("mixtral-8x7b", 46.70e9, 12.88e9),
+        ("qwen3-30b-a3b", 30.5e9, 3.35e9),  # card: 30.5B total, "3.3B" activated (shapes: 3.35B)
         ("deepseek-v3", 671.0e9, 37.6e9),
     ],
 )
