@@ -59,12 +59,14 @@ def _kernel_flow(kernel: Kernel) -> str:
 
 
 SECONDS_KEYS = ("gemm_latency", "attention_latency", "decode_attention_latency", "step_overhead",
-                "sequence_overhead", "layer_overhead")  # fmt: skip
+                "sequence_overhead", "layer_overhead", "moe_latency")  # fmt: skip
 NULLABLE_KEYS = ("gemm_row_block", "gemm_max_passes")  # null: one pass over the weights
-UNSET = {"gemm_memory": None, "moe_gemm": 1.0}  # left out of a profile at these values
+# left out of a profile at these values
+UNSET = {"gemm_memory": None, "moe_gemm": 1.0, "moe_latency": 0.0}
 ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "gemm_row_block", "gemm_max_passes",
          "attention", "attention_extra_keys",
-         "decode_attention", "decode_attention_latency", "attention_latency", "moe_gemm", "hbm",
+         "decode_attention", "decode_attention_latency", "attention_latency", "moe_gemm",
+         "moe_latency", "hbm",
          "step_overhead", "sequence_overhead", "layer_overhead")  # fmt: skip
 
 

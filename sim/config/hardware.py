@@ -163,7 +163,9 @@ class Efficiency(Strict):
     Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
     ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
     (``docs/cost-model.md``). ``moe_gemm`` scales the routed experts' GEMMs (one fused-MoE
-    kernel call, not a dense GEMM per expert): their time is the dense model's / ``moe_gemm``.
+    kernel call, not a dense GEMM per expert): their time is the dense model's / ``moe_gemm``;
+    ``moe_latency`` is that call's fixed time per MoE layer (routing top-k, token sort, the
+    top-k sum), 0 by default.
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
@@ -182,6 +184,7 @@ class Efficiency(Strict):
     decode_attention: float | None = Field(None, gt=0, le=1)
     decode_attention_latency: KernelSeconds | None = None
     moe_gemm: float = Field(1.0, gt=0, le=10)
+    moe_latency: KernelSeconds = 0.0
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
     @model_validator(mode="after")

@@ -111,6 +111,7 @@ class CostParams:
     gemm_row_block: int | None = None
     gemm_max_passes: int | None = None
     moe_gemm_efficiency: float = 1.0
+    moe_latency_s: float = 0.0
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
@@ -140,6 +141,7 @@ class CostParams:
             gemm_row_block=eff.gemm_row_block,
             gemm_max_passes=eff.gemm_max_passes,
             moe_gemm_efficiency=eff.moe_gemm,
+            moe_latency_s=eff.moe_latency,
         )
 
     @property
@@ -306,13 +308,14 @@ class CostModel:
         return dense / self.params.moe_gemm_efficiency
 
     def _moe_time(self, tokens: int) -> float:
-        """Routed experts, shared experts (dense GEMMs on all tokens) and the router."""
+        """Routed experts, shared experts (dense GEMMs on all tokens), the router and the
+        fused-MoE call's fixed time (``moe_latency``: routing top-k, token sort, top-k sum)."""
         m, moe = self.model, self.model.moe
         assert moe is not None
         expert = m.mlp_gemms(moe.expert_intermediate)
         shared = moe.shared_experts * self._gemms_time(tokens, expert)
         router = self.gemm_time(tokens, m.hidden, moe.experts, m.class_bytes("router"))
-        return self.routed_experts_time(tokens) + shared + router
+        return self.routed_experts_time(tokens) + shared + router + self.params.moe_latency_s
 
     def _linear_time(self, tokens: int, sampled: int) -> float:
         """All layers' projections and MLPs for ``tokens`` tokens, plus the LM head."""
