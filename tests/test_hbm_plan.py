@@ -67,10 +67,63 @@ def test_with_the_logged_non_torch_memory_the_kv_pool_is_the_logged_one():
     assert p.pool_blocks == int(p.kv_room // (16 * 128 * 1024))  # 2 MiB blocks
     # -tp 2: half the weights, the same activation peak (the sampler's, over the whole vocab)
     two = plan("llama-3-8b", "h100-sxm", "hardware.hbm.runtime_reserve=3.58GiB",
-               tensor_parallel_size=2, **LLAMA3_8B_H100)  # fmt: skip
+               "hardware.hbm.runtime_reserve_tp=0", tensor_parallel_size=2,
+               **LLAMA3_8B_H100)  # fmt: skip
     assert two.weights / GiB == pytest.approx(7.48, abs=0.005)
     assert two.activation_peak / GiB == pytest.approx(1.26, abs=0.005)
     assert two.kv_room / GiB == pytest.approx(71.29 - 7.48 - 3.58 - 1.26, abs=0.02)
+
+
+# --- non-torch memory under tensor parallelism ---------------------------------------------
+# vLLM V1 up to 0.10 takes its baseline snapshot before NCCL is set up, so the TP group's NCCL
+# communicators and custom all-reduce buffers land in the profiled non-torch memory
+# (hardware.hbm.runtime_reserve_tp, one step whatever the degree; docs/cost-model.md).
+#
+# vllm-project/vllm PR #21429 (yeqcharlotte, 2025-07-23), "Test Result", "Before":
+# `vllm serve Qwen/Qwen3-235B-A22B-FP8 --tensor-parallel-size 4 --gpu-memory-utilization 0.5`,
+# V1 (main of 2025-07-22), 4 GPUs of 139.72 GiB torch-visible (H200):
+#   Initial free memory: 139.12 GiB, free memory: 81.52 GiB, requested GPU memory: 69.86 GiB
+#   Total non KV cache memory: 62.79GiB; torch peak memory increase: 5.62GiB;
+#   non-torch forward increase memory: 2.04GiB; weights memory: 55.13GiB.
+#   Available KV cache memory: 7.07 GiB
+# The 2.04 GiB is the fit (h200-sxm's runtime_reserve_tp = 2.04 - 0.16 GiB); the rest are checks.
+QWEN3_235B_H200 = dict(tensor_parallel_size=4, gpu_memory_utilization=0.5, max_num_seqs=1024,
+                       max_batched_tokens=8192)  # fmt: skip
+
+
+def test_qwen3_235b_fp8_on_4_h200_carves_hbm_as_vllm_logs_it():
+    p = plan("qwen3-235b-a22b", "h200-sxm", "model.dtype=fp8", "engine.max_model_len=8192",
+             **QWEN3_235B_H200)  # fmt: skip
+    assert p.usable / GiB == pytest.approx(69.86, abs=0.05)
+    assert p.weights / GiB == pytest.approx(55.13, abs=0.03)
+    assert p.runtime_reserve / GiB == pytest.approx(2.04, abs=0.005)
+    assert p.activation_peak / GiB == pytest.approx(5.62, abs=0.15)
+    assert p.kv_room / GiB == pytest.approx(7.07, abs=0.1)
+
+
+def test_the_tp_reserve_is_one_step_taken_only_above_one_gpu():
+    args = ("qwen3-235b-a22b", "h100-sxm", "model.dtype=fp8", "engine.max_model_len=8192")
+    engine = dict(max_num_seqs=1024, max_batched_tokens=8192)
+    step = 1.88 * GiB  # h100-sxm's runtime_reserve_tp
+    for tp in (4, 8):
+        with_tp = plan(*args, tensor_parallel_size=tp, **engine)
+        without = plan(*args, "hardware.hbm.runtime_reserve_tp=0", tensor_parallel_size=tp,
+                       **engine)  # fmt: skip
+        # closed form: the same step at every degree (not per peer), in bytes and in blocks
+        assert without.kv_room - with_tp.kv_room == pytest.approx(step, abs=1)
+        assert with_tp.pool_blocks == int((without.kv_room - step) // without.block_bytes)
+    one = config("llama-3-8b", "h100-sxm", **LLAMA3_8B_H100)
+    assert one.hardware.hbm.runtime_reserve_tp == step  # set, and left out at TP 1:
+    assert plan("llama-3-8b", "h100-sxm", **LLAMA3_8B_H100).runtime_reserve == 0.16 * GiB
+
+
+def test_the_tp_step_matches_vllm_pr_10511s_rise_from_tp_1_to_tp_2():
+    # PR #10511's H100 (above): non_torch_memory 1.79 GiB at TP 1 and 3.58 GiB at TP 2 (that
+    # accounting counted from before the CUDA context): a 1.79 GiB step, 0.09 GiB under the fit
+    two = plan("llama-3-8b", "h100-sxm", "hardware.hbm.runtime_reserve=1.79GiB",
+               tensor_parallel_size=2, **LLAMA3_8B_H100)  # fmt: skip
+    assert two.runtime_reserve / GiB == pytest.approx(3.58, abs=0.1)
+    assert two.kv_room / GiB == pytest.approx(71.29 - 7.48 - 3.58 - 1.26, abs=0.1)
 
 
 # vllm-project/vllm PR #2031 (WoosukKwon, 2023-12-12), Llama-2-7B, TP 1, one A100-80GB,

@@ -156,6 +156,12 @@ FIT_PROVENANCE = (
         "`python -m validation.copyfit`); the per-load cost is an estimate",
     ),
     (
+        "`hbm.runtime_reserve_tp`",
+        "h100-sxm, h200-sxm (h100 carries h200's fit; others 0)",
+        "vLLM V1's logged memory profile of Qwen3-235B-A22B-FP8 on 4 H200, vllm-project/vllm#21429 "
+        "(fit; checked against #10511's TP 1 to TP 2 rise on an H100)",
+    ),
+    (
         "`hbm.driver_reserve`, `hbm.runtime_reserve`, the sampler's bytes per logit",
         "all (h100-sxm fitted; others estimated or carried)",
         "vLLM's logged memory profiles, vllm-project/vllm#10511 and #12126 (fit only: never "

@@ -33,12 +33,15 @@ class Hbm(Strict):
     ``capacity``: the total nvidia-smi reports; ``driver_reserve``: the part of it torch does
     not see (``capacity - torch.cuda.mem_get_info()[1]``); ``runtime_reserve``: memory outside
     torch's allocator inside vLLM's budget (its profiled ``non_torch_memory``: cuBLAS
-    workspaces, NCCL buffers; docs/cost-model.md).
+    workspaces; docs/cost-model.md); ``runtime_reserve_tp``: what each GPU adds to it when
+    ``engine.tensor_parallel_size`` > 1 (the TP group's NCCL communicators and vLLM's
+    custom all-reduce buffers), one step whatever the degree.
     """
 
     capacity: Annotated[PositiveBytes, plausible("device memory capacity")]
     bandwidth: Annotated[Bandwidth, plausible("device memory bandwidth")]
     runtime_reserve: Annotated[Bytes, plausible("runtime reserve")] = 0.0
+    runtime_reserve_tp: Annotated[Bytes, plausible("runtime reserve")] = 0.0
     driver_reserve: Annotated[Bytes, plausible("driver reserve")] = 0.0
 
 

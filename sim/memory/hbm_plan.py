@@ -59,7 +59,7 @@ class HbmPlan:
         engine = config.engine
         return (
             f"{_usable_terms(config, self)} - model weights "
-            f"{format_bytes(self.weights)} - hardware.hbm.runtime_reserve "
+            f"{format_bytes(self.weights)} - {_reserve_keys(config)} "
             f"{format_bytes(self.runtime_reserve)} - activations "
             f"{format_bytes(self.activation_peak)} (engine.max_batched_tokens "
             f"{engine.max_batched_tokens}, engine.max_num_seqs {engine.max_num_seqs})"
@@ -94,7 +94,8 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
     weights = cost.model.weight_bytes  # one GPU's shard
     peak_seqs = min(engine.max_num_seqs, engine.max_batched_tokens)
     activation_peak = cost.activation_bytes(engine.max_batched_tokens, peak_seqs)
-    fixed = weights + hw.hbm.runtime_reserve + activation_peak
+    reserve = runtime_reserve(config)
+    fixed = weights + reserve + activation_peak
     pool_blocks = int((usable - fixed) // block_bytes)
     if engine.kv_pool_blocks is not None:
         most = int((capacity - fixed) // block_bytes)
@@ -109,7 +110,7 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
         capacity=capacity,
         usable=usable,
         weights=weights,
-        runtime_reserve=hw.hbm.runtime_reserve,
+        runtime_reserve=reserve,
         activation_peak=activation_peak,
         block_bytes=block_bytes,
         pool_blocks=pool_blocks,
@@ -131,6 +132,15 @@ def plan_hbm(config: RunConfig, cost: CostModel) -> HbmPlan:
         _check_max_model_len(config, plan)
     _check_hbm_cache(config, plan)
     return plan
+
+
+def runtime_reserve(config: RunConfig) -> float:
+    """One GPU's non-torch memory inside vLLM's budget: ``hardware.hbm.runtime_reserve``, plus
+    ``hardware.hbm.runtime_reserve_tp`` when ``engine.tensor_parallel_size`` > 1 (the TP
+    group's NCCL communicators and custom all-reduce buffers: one step, whatever the degree)."""
+    hbm = config.hardware.hbm
+    extra = hbm.runtime_reserve_tp if config.tensor_parallel_size > 1 else 0.0
+    return hbm.runtime_reserve + extra
 
 
 def max_model_len(config: RunConfig) -> tuple[str, int | None]:
@@ -174,6 +184,13 @@ def _check_hbm_cache(config: RunConfig, plan: HbmPlan) -> None:
         f"{format_bytes(room)}; expected at most {format_bytes(room)}, or auto",
         key="kv.hbm.capacity",
     )
+
+
+def _reserve_keys(config: RunConfig) -> str:
+    """The keys the plan's non-torch reserve comes from."""
+    if runtime_reserve(config) != config.hardware.hbm.runtime_reserve:
+        return "hardware.hbm.runtime_reserve + runtime_reserve_tp"
+    return "hardware.hbm.runtime_reserve"
 
 
 def _per_gpu(n: int) -> str:
