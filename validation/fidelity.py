@@ -48,7 +48,7 @@ FORBIDDEN_SOURCES = (
 )
 FIT_ONLY_SOURCES = tuple(
     f"github.com/vllm-project/vllm/{kind}/{n}"
-    for n in (10511, 12126, 17122, 24700)  # memory profiles; fused-MoE kernel times
+    for n in (10511, 12126, 17122, 21429, 24700)  # memory profiles; fused-MoE kernel times
     for kind in ("pull", "issues")
 )
 
@@ -156,8 +156,8 @@ FIT_PROVENANCE = (
         "`python -m validation.copyfit`); the per-load cost is an estimate",
     ),
     (
-        "`hbm.runtime_reserve_tp`",
-        "h100-sxm, h200-sxm (h100 carries h200's fit; others 0)",
+        "`hbm.runtime_reserve_tp` (vLLM <= 0.10's accounting; the profiles model later vLLMs: 0)",
+        "the vllm-i21348 row's setting, 1.88 GiB (h100-sxm and h200-sxm say it in a comment)",
         "vLLM V1's logged memory profile of Qwen3-235B-A22B-FP8 on 4 H200, vllm-project/vllm#21429 "
         "(fit; checked against #10511's TP 1 to TP 2 rise on an H100)",
     ),
