@@ -201,15 +201,25 @@ def gemm_seconds(
     Calibrated profiles add a fixed latency and soften the roofline's corner:
     ``latency + blend(compute, memory, p)``; the defaults give ``max(compute, memory)``.
     """
+    return p.gemm_latency_s + gemm_work_seconds(p, tokens, fan_in, fan_out, dtype_bytes, act_bytes)
+
+
+def gemm_work_seconds(
+    p: CostParams, rows: float, fan_in: float, fan_out: float, dtype_bytes: float,
+    act_bytes: float | None = None, copies: float = 1.0,
+) -> float:  # fmt: skip
+    """The roofline part of :func:`gemm_seconds` (its fixed latency left out) of ``copies``
+    GEMMs of ``fan_in x fan_out`` weights each that share ``rows`` rows between them,
+    ``blend(compute, memory)`` over all of them at once, as one kernel runs them."""
     act = dtype_bytes if act_bytes is None else act_bytes
-    flops = 2.0 * tokens * fan_in * fan_out
-    weights = fan_in * fan_out * weight_passes(p, tokens)  # the weights once, or per row block
-    traffic = weights * dtype_bytes + tokens * (fan_in + fan_out) * act
+    flops = 2.0 * rows * fan_in * fan_out
+    weights = fan_in * fan_out * weight_passes(p, rows / copies)  # once, or per row block
+    traffic = copies * weights * dtype_bytes + rows * (fan_in + fan_out) * act
     rate = p.gemm_fp8_flops if dtype_bytes == FP8_WIDTH and act > FP8_WIDTH else p.gemm_flops
     compute, memory = flops / rate, traffic / p.gemm_bandwidth
-    if p.gemm_latency_s == 0.0 and math.isinf(p.gemm_blend):
+    if math.isinf(p.gemm_blend):
         return max(compute, memory)
-    return p.gemm_latency_s + blend(compute, memory, p.gemm_blend)
+    return blend(compute, memory, p.gemm_blend)
 
 
 def weight_passes(p: CostParams, tokens: float) -> int:
@@ -297,15 +307,18 @@ class CostModel:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
 
     def routed_experts_time(self, tokens: int) -> float:
-        """One layer's routed experts: the experts touched each run their share of the
-        tokens through the dense GEMMs, the fused-MoE kernel at ``moe_gemm`` times that speed."""
+        """One layer's routed experts as one fused-MoE kernel: the experts touched each run
+        their share of the tokens, all at once (each GEMM of an expert a roofline over every
+        touched expert's copy, no fixed time per expert), at ``moe_gemm`` times that speed."""
         m, moe = self.model, self.model.moe
         assert moe is not None
         routed = tokens * moe.top_k
         # each token picks top_k distinct experts: P(expert unused) = (1 - k/E)^tokens
         touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
-        dense = touched * self._gemms_time(routed / touched, m.mlp_gemms(moe.expert_intermediate))
-        return dense / self.params.moe_gemm_efficiency
+        p, width, act = self.params, m.dtype_bytes, m.act_bytes
+        gemms = m.mlp_gemms(moe.expert_intermediate)
+        work = sum(gemm_work_seconds(p, routed, i, o, width, act, touched) for i, o in gemms)
+        return work / self.params.moe_gemm_efficiency
 
     def _moe_time(self, tokens: int) -> float:
         """Routed experts, shared experts (dense GEMMs on all tokens), the router and the
