@@ -1,16 +1,17 @@
-"""The fused-MoE kernel's speed relative to the dense GEMM model (``efficiency.moe_gemm``) and
+"""The fused-MoE kernel's speed relative to the fused roofline (``efficiency.moe_gemm``) and
 its fixed time per call (``efficiency.moe_latency``), fitted from published kernel benchmarks.
 
 ``validation/data/moe_kernels.csv`` holds the points (each row with its source and quote):
 the time of one ``fused_moe`` call by number of tokens, as vLLM's
 ``benchmarks/kernels/benchmark_moe.py`` prints it. One call is what the cost model prices as
-one layer's routed experts (``CostModel.routed_experts_time``: the touched experts' dense
-GEMMs over ``e_x``), the SiLU-and-mul over the routed rows (the calibrated activation kernel)
-and the call's fixed time ``l_x`` (routing top-k, token sort, the top-k sum), so
+one layer's routed experts (``CostModel.routed_experts_time``: the touched experts' GEMMs as
+one roofline, no per-GEMM latency, over ``e_x``), the SiLU-and-mul over the routed rows (the
+calibrated activation kernel) and the call's fixed time ``l_x`` (routing top-k, token sort,
+the top-k sum), so
 
-    ``t = dense / e_x + activation + l_x``
+    ``t = roofline / e_x + activation + l_x``
 
-with ``dense`` and ``activation`` from the GPU's own profile at ``moe_gemm: 1``, each row's
+with ``roofline`` and ``activation`` from the GPU's own profile at ``moe_gemm: 1``, each row's
 experts at its ``dtype``. ``(1 / e_x, l_x)`` is a linear least squares in relative error over
 all of a GPU's fitted rows (every shape at once; one shape over 1 .. 1536 tokens already
 separates the two: ``l_x`` is most of a one-token call); ``latency=False`` fits ``1 / e_x``
@@ -48,7 +49,7 @@ class MoeFit:
     shapes: np.ndarray  # "model tp N dtype" of each point
     tokens: np.ndarray
     errors: np.ndarray  # relative, predicted / measured - 1
-    dense_errors: np.ndarray  # the same at moe_gemm 1, moe_latency 0 (the dense model)
+    dense_errors: np.ndarray  # the same at moe_gemm 1, moe_latency 0 (the bare roofline)
 
 
 def load_points(path: Path = DATA) -> pd.DataFrame:
@@ -58,7 +59,7 @@ def load_points(path: Path = DATA) -> pd.DataFrame:
 
 def _cost_model(gpu: str, model: str, tp: int, dtype: str) -> CostModel:
     """The profile's cost model of one GPU's shard, the experts' weights at ``dtype``, routed
-    experts priced as dense GEMMs with no fixed call time."""
+    experts priced as the bare fused roofline (``moe_gemm`` 1, no fixed call time)."""
     params = CostParams.from_hardware(load_hardware(gpu))
     spec = load_model(model)
     if spec.dtype != dtype:
@@ -84,7 +85,7 @@ def shape_names(rows: pd.DataFrame) -> np.ndarray:
 
 
 def parts(rows: pd.DataFrame, gpu: str) -> tuple[np.ndarray, np.ndarray]:
-    """(dense routed-expert GEMM seconds, activation seconds) of each row, as the cost model
+    """(routed-expert GEMM seconds, activation seconds) of each row, as the cost model
     prices one layer at ``moe_gemm: 1``."""
     dense, activation = [], []
     for _, row in rows.iterrows():
@@ -115,8 +116,8 @@ def solve(
 
 
 def fit(gpu: str = "h100-sxm", path: Path = DATA, latency: bool = True) -> MoeFit:
-    """Fit ``gpu``'s tuned-config rows, all shapes at once, against its own profile's dense
-    GEMM model; ``latency`` False: ``moe_gemm`` alone."""
+    """Fit ``gpu``'s tuned-config rows, all shapes at once, against its own profile's fused
+    roofline; ``latency`` False: ``moe_gemm`` alone."""
     rows = load_points(path)
     rows = rows[(rows.gpu == gpu) & rows.kernel.str.endswith(FITTED)]
     if rows.empty:
@@ -166,7 +167,7 @@ def main() -> None:
         f = fit(gpu)
         print(
             f"{gpu}: moe_gemm {f.efficiency:.4f}, moe_latency {f.latency * 1e6:.2f} us "
-            f"({_summary(f.errors)}; dense model: {_summary(f.dense_errors)})"
+            f"({_summary(f.errors)}; bare roofline: {_summary(f.dense_errors)})"
         )
         for shape in dict.fromkeys(f.shapes):
             pick = f.shapes == shape

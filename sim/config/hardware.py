@@ -166,9 +166,9 @@ class Efficiency(Strict):
     Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
     ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
     (``docs/cost-model.md``). ``moe_gemm`` scales the routed experts' GEMMs (one fused-MoE
-    kernel call, not a dense GEMM per expert): their time is the dense model's / ``moe_gemm``;
-    ``moe_latency`` is that call's fixed time per MoE layer (routing top-k, token sort, the
-    top-k sum), 0 by default.
+    kernel call, not a dense GEMM per expert: one roofline over the touched experts, no
+    per-GEMM latency): their time is that roofline's / ``moe_gemm``; ``moe_latency`` is the
+    call's fixed time per MoE layer (routing top-k, token sort, the top-k sum), 0 by default.
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
