@@ -134,9 +134,10 @@ FIT_PROVENANCE = (
         "Llama-2-7b-hf/attention.csv) (same CSV and fit)",
     ),
     (
-        "`efficiency.moe_gemm`, `efficiency.moe_latency` (fused-MoE routed experts vs the dense "
-        "GEMM model; the call's fixed time)",
-        "h100-sxm (h100-pcie, h200-sxm, gh200 carry them; others 1 and 0: the dense model)",
+        "`efficiency.moe_gemm`, `efficiency.moe_latency` (fused-MoE routed experts vs their "
+        "fused roofline; the call's fixed time)",
+        "h100-sxm (h100-pcie, h200-sxm, gh200 carry both; a100-80g-sxm, a40, l40s, rtx3090 carry "
+        "the call time, moe_gemm 1)",
         "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times for Mixtral-8x7B at TP 2 "
         "on H100, vllm-project/vllm#24700 (validation/data/moe_kernels.csv, "
         "`python -m validation.moefit`)",
