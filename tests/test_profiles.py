@@ -32,6 +32,8 @@ MODELS = [
     "qwen3-235b-a22b",
     "qwen3-30b-a3b",
     "mixtral-8x7b",
+    "mixtral-8x22b",
+    "dbrx",
     "devstral-2-123b",
     "deepseek-v3",
 ]
@@ -66,6 +68,8 @@ def test_hardware_profiles_validate(name):
         ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),  # 98,304
         ("devstral-2-123b", 2 * 88 * 8 * 128 * 2),  # 360,448: bf16 KV under fp8 weights
         ("mixtral-8x7b", 2 * 32 * 8 * 128 * 2),
+        ("mixtral-8x22b", 2 * 56 * 8 * 128 * 2),  # 229,376
+        ("dbrx", 2 * 40 * 8 * 128 * 2),  # 163,840
         ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
     ],
 )
@@ -90,6 +94,8 @@ def test_llama3_8b_kv_per_token_is_128kib():
         ("mixtral-8x7b", 46.70e9, 12.88e9),
         ("qwen3-30b-a3b", 30.5e9, 3.35e9),  # card: 30.5B total, "3.3B" activated (shapes: 3.35B)
         ("deepseek-v3", 671.0e9, 37.6e9),
+        ("mixtral-8x22b", 141e9, 39e9),  # 141B total, 39B active (shapes: 140.6B, 39.2B)
+        ("dbrx", 132e9, 36.5e9),  # 132B total, "36B" live (shapes: 131.6B, 36.47B)
     ],
 )
 def test_parameter_counts(name, total, active):
@@ -111,6 +117,23 @@ def test_qwen3_8b_and_devstral_2_parameters_by_hand():
     assert devstral == 125_025_988_608  # the card's "123": Mistral Large 2's 32768-token vocab
     assert load_model("qwen3-8b").total_params == qwen3
     assert load_model("devstral-2-123b").total_params == devstral
+
+
+def test_mixtral_8x22b_and_dbrx_parameters_by_hand():
+    # config.json shapes: per layer QKV h x (q + 2 kv), O q x h, E experts of gate/up h x 2i and
+    # down i x h, router h x E; untied embedding and LM head v x h; 2 norms a layer + 1
+    def by_hand(layers, h, q, kv, i, experts, top_k, v):
+        attention = h * (q + 2 * kv) + q * h
+        expert = h * 2 * i + i * h
+        shared = layers * (attention + h * experts + 2 * h) + 2 * v * h + h
+        return shared + layers * experts * expert, shared + layers * top_k * expert
+
+    mixtral = by_hand(56, 6144, 48 * 128, 8 * 128, 16384, 8, 2, 32000)
+    dbrx = by_hand(40, 6144, 48 * 128, 8 * 128, 10752, 16, 4, 100352)
+    assert mixtral == (140_620_634_112, 39_152_031_744)  # Mistral AI: 141B, 39B active
+    assert dbrx == (131_596_523_520, 36_469_708_800)  # Databricks: 132B, 36B live
+    for name, (total, active) in (("mixtral-8x22b", mixtral), ("dbrx", dbrx)):
+        assert (load_model(name).total_params, load_model(name).active_params) == (total, active)
 
 
 def test_devstral_2_kv_per_gpu_at_tp_8_is_the_logged_0_0967_gib():
