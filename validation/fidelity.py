@@ -48,7 +48,8 @@ FORBIDDEN_SOURCES = (
 )
 FIT_ONLY_SOURCES = tuple(
     f"github.com/vllm-project/vllm/{kind}/{n}"
-    for n in (10511, 12126, 17122, 21429, 24700)  # memory profiles; fused-MoE kernel times
+    for n in (3763, 4594, 5206, 10511, 12126, 17122, 21429, 24700)  # host costs of V0 (early
+    # 2024); memory profiles; fused-MoE kernel times
     for kind in ("pull", "issues")
 )
 
@@ -141,6 +142,14 @@ FIT_PROVENANCE = (
         "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times for Mixtral-8x7B at TP 2 "
         "on H100, vllm-project/vllm#24700 (validation/data/moe_kernels.csv, "
         "`python -m validation.moefit`)",
+    ),
+    (
+        "`efficiency.step_overhead`, `efficiency.sequence_overhead` of vLLM V0 in early 2024 "
+        "(the settings of the vllm-pr3240, -pr3692 and -pr4002 rows: 2.3 ms, 40 us)",
+        "those rows only",
+        "Ray's per-step dispatch to the TP workers, 2.0 ms on top of the profile's 0.3 ms "
+        "(vllm-project/vllm#3763, TP 2 on an A100); detokenisation, ~20 us a sequence (#5206), "
+        "and the sampler's logprobs, ~21 us a sequence (#4594): a lower bound",
     ),
     (
         "`efficiency.step_overhead`, `efficiency.sequence_overhead` (vLLM V1 host costs)",
