@@ -469,6 +469,28 @@ def outcome_table(outcomes: Sequence[Outcome]) -> list[str]:
     return lines
 
 
+def settings_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """The rows run with ``--set`` overrides beyond their columns (none: no section), grouped
+    by the overrides, so a reader sees what each row's engine was told."""
+    groups: dict[str, list[str]] = {}
+    for o in outcomes:
+        if keys := settings(o.row):
+            groups.setdefault(" ".join(keys), []).append(o.row["id"])
+    if not groups:
+        return []
+    lines = [
+        "## Rows run with settings",
+        "",
+        "Overrides a row's engine needs beyond its columns, as `--set` takes them (why: each "
+        "row's `notes`).",
+        "",
+        "| settings | rows |",
+        "|---|---|",
+    ]
+    lines += [f"| `{k}` | {', '.join(ids)} |" for k, ids in groups.items()]
+    return [*lines, ""]
+
+
 def error_summary(outcomes: Sequence[Outcome]) -> list[str]:
     """Median and worst absolute error, overall, on vLLM's rows (the engine kvsim models)
     when other engines' rows are there too, and per category."""
@@ -555,6 +577,7 @@ def page(rows: pd.DataFrame, results: Sequence[Outcome], only: str | None) -> st
         "",
         *outcome_table(outcomes),
         "",
+        *settings_table(outcomes),
         *(failures if failed else []),
         "## Kept but not simulated",
         "",

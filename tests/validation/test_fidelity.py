@@ -314,3 +314,17 @@ def test_the_summary_gives_vllms_rows_their_own_line_when_other_engines_are_ther
     assert "| all | 4 | 25.0% | 50.0% (c) |" in lines
     only_vllm = fidelity.error_summary([o for o in outcomes if o.row["id"] != "c"])
     assert not any("vLLM engines" in line for line in only_vllm)  # the same as "all"
+
+
+def test_the_page_lists_the_rows_run_with_settings_grouped_by_them():
+    def outcome(name, overrides):
+        return fidelity.Outcome(hand_row(id=name, settings=overrides, value=1.0), 1.0)
+
+    budget = "engine.max_batched_tokens=2048"
+    outcomes = [outcome("a", budget), outcome("b", ""), outcome("c", budget),
+                outcome("d", "kv.mode=hbm")]  # fmt: skip
+    lines = fidelity.settings_table(outcomes)
+    assert "| `engine.max_batched_tokens=2048` | a, c |" in lines
+    assert "| `kv.mode=hbm` | d |" in lines
+    assert not any("| b |" in line or ", b" in line for line in lines)
+    assert fidelity.settings_table([outcome("b", "")]) == []  # no section at all
