@@ -278,3 +278,17 @@ def test_a_bad_hbm_cache_size_is_one_error_naming_the_key(value, expected):
         build_config(dram_centric(0).model_dump(mode="json"), "<t>", [f"kv.hbm.capacity={value}"])
     text = str(info.value)
     assert text.count("key '") == 1 and "key 'kv.hbm.capacity'" in text and expected in text
+
+
+def test_the_samplers_bytes_per_logit_set_its_share_of_the_activation_peak():
+    """Llama-3-8B on an H100, 256 sequences, 2048 batched tokens: the sampler sets the peak
+    (the forward's is 2048 x 51200 x 2 B = 0.2 GB), 2048 x 4096 x 2 B of hidden states beside
+    256 x 128256 logits at the key's bytes each; the pool gains what the sampler gives back."""
+    engine = dict(max_num_seqs=256, max_batched_tokens=2048)
+    sort = plan("llama-3-8b", "h100-sxm", **engine)
+    flashinfer = plan("llama-3-8b", "h100-sxm", "engine.sampler_bytes_per_logit=14", **engine)
+    for p, per_logit in ((sort, 39.2), (flashinfer, 14.0)):
+        assert p.activation_peak == pytest.approx(2048 * 4096 * 2 + 256 * 128256 * per_logit)
+    freed = 256 * 128256 * (39.2 - 14.0)
+    assert flashinfer.kv_room - sort.kv_room == pytest.approx(freed)
+    assert flashinfer.pool_blocks == int(flashinfer.kv_room // sort.block_bytes)

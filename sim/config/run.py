@@ -41,6 +41,15 @@ class EngineConfig(Strict):
     pipeline_parallel_size: int = Field(
         1, ge=1, description="pipeline stages; only 1 (pipeline parallelism is not modelled)"
     )
+    sampler_bytes_per_logit: float = Field(
+        39.2,
+        ge=0,
+        le=100,
+        description="bytes a logit (one sequence x one vocab entry) at the peak of the sampler's "
+        "dummy run in vLLM's memory profile: 39.2 = the PyTorch top-k/top-p sort path (fit, "
+        "PR #10511); ~14-16 for FlashInfer's or the Triton sampler (by tensor count); "
+        "docs/cost-model.md, 'Activation peak'",
+    )
 
     @field_validator("pipeline_parallel_size")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sim.config.run import RunConfig
@@ -22,6 +23,7 @@ def cost_model_for(config: RunConfig) -> CostModel:
     from sim.config.parallel import shard_model  # tensor parallelism, loaded when used
 
     params = CostParams.from_hardware(config.hardware)
+    params = replace(params, sampler_bytes_per_logit=config.engine.sampler_bytes_per_logit)
     n = config.tensor_parallel_size
     model, comm = shard_model(config.model, n), collectives_for(config)
     if config.hardware.cost_model == "table":

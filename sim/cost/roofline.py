@@ -22,9 +22,10 @@ if TYPE_CHECKING:  # built by the factory only under tensor parallelism
     from sim.cost.collectives import Collectives
 
 # The sampler's dummy run of the memory profile: bytes per logit (one sequence x one vocab
-# entry) at its peak. fit: vLLM PR #10511's Llama-3-8B profile on an H100 (max_num_seqs 256,
-# 8192 batched tokens): "PyTorch activation peak memory 1.26GiB" at TP 1 and at TP 2 alike,
-# so the unsharded sampler sets it (the forward pass peaks at 0.78 GiB at TP 1): (1.26 GiB -
+# entry) at its peak; the default of engine.sampler_bytes_per_logit (PyTorch's sort path).
+# fit: vLLM PR #10511's Llama-3-8B profile on an H100 (max_num_seqs 256, 8192 batched
+# tokens): "PyTorch activation peak memory 1.26GiB" at TP 1 and at TP 2 alike, so the
+# unsharded sampler sets it (the forward pass peaks at 0.78 GiB at TP 1): (1.26 GiB -
 # 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.2 B: fp32 logits, probabilities
 # and log-probabilities, top-p/top-k's sort (fp32 values, int64 indices), the bf16 logits
 SAMPLER_BYTES_PER_LOGIT = 39.2
@@ -112,6 +113,7 @@ class CostParams:
     gemm_max_passes: int | None = None
     moe_gemm_efficiency: float = 1.0
     moe_latency_s: float = 0.0
+    sampler_bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT  # engine.sampler_bytes_per_logit
 
     @classmethod
     def from_hardware(cls, hw: HardwareSpec) -> CostParams:
@@ -544,5 +546,5 @@ class CostModel:
             mlp_width = up * m.intermediate
         attention_width = 2 * m.q_dim + 2 * m.kv_dim
         forward = tokens * (2 * m.hidden + max(attention_width, mlp_width)) * m.act_bytes
-        sampler = sampled * self.logits_vocab * SAMPLER_BYTES_PER_LOGIT
+        sampler = sampled * self.logits_vocab * self.params.sampler_bytes_per_logit
         return max(forward, tokens * m.hidden * m.act_bytes + sampler)
