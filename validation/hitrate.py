@@ -217,6 +217,7 @@ def curve_config(args: argparse.Namespace) -> dict:
             "tensor_parallel_size": args.tp,
             "max_num_seqs": args.max_num_seqs,
             "max_batched_tokens": args.max_batched_tokens,
+            "block_tokens": args.block_tokens,
         },
         "kv": dict(OFFLOAD_KV),
     }
@@ -248,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--block-tokens", type=int, default=16, help="KV block (the trace's prefix blocks too)"
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG or PDF)")
     args = parser.parse_args(argv)
@@ -255,7 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         for rate in args.hit_rates:
-            bench = Benchmark(args.requests, args.concurrency, args.prompt, args.output, rate, 16)
+            bench = Benchmark(
+                args.requests, args.concurrency, args.prompt, args.output, rate, args.block_tokens
+            )
             figures, tiers = run(config, bench, args.set, "validation.hitrate", strict=False)
             realised = {f"found_{tier}": share for tier, share in tiers.items()}
             rows.append(

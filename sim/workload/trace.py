@@ -145,6 +145,11 @@ def select_rows(
     return Selection(table.take(rows[order]), arrival[order], report)
 
 
+def _divisors(n: int) -> list[int]:
+    """The four largest power-of-two block sizes that divide ``n`` (at most 512 tokens)."""
+    return [d for d in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if n % d == 0][-4:]
+
+
 def block_hashes(table: TraceTable, block_tokens: int) -> list[np.ndarray] | None:
     """Per row, simulator-block hashes from the trace's prefix-block ids (None without ids)."""
     if table.hash_ids is None or table.hash_offsets is None or table.hash_block_tokens is None:
@@ -153,7 +158,8 @@ def block_hashes(table: TraceTable, block_tokens: int) -> list[np.ndarray] | Non
     if trace_block % block_tokens:
         raise ConfigError(
             f"engine.block_tokens = {block_tokens} does not divide the {trace_block}-token "
-            f"prefix blocks of {table.path}; use a divisor of {trace_block} (16, 32, 64 ...)",
+            f"prefix blocks of {table.path}; use a divisor of {trace_block} "
+            f"({', '.join(str(d) for d in _divisors(trace_block))})",
             key="engine.block_tokens",
         )
     flat = hashing.trace_block_hashes(

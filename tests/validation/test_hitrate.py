@@ -185,6 +185,18 @@ def test_the_curve_prints_each_hit_rate_with_where_the_prefixes_were_found(tmp_p
     assert [float(x) for x in off[1][:3]] == [0.496, 0.0, 0.496]
 
 
+def test_the_curve_realises_the_hit_rate_in_the_engines_own_blocks(capsys):
+    # 0.25 x 2000 tokens = 500: 15.6 blocks of 32 -> 16 = 512 tokens (of 16: 31.25 -> 31 = 496)
+    line = _curve(capsys, "--hit-rates", "0.25", "--block-tokens", "32")[1]
+    hit, hbm, dram = (float(x) for x in line[:3])
+    assert hit == 0.256 and hbm + dram == pytest.approx(hit)
+    # the engine's block and the trace's prefix blocks are one: a bigger engine block alone is
+    # refused, with the sizes that would do
+    with pytest.raises(SystemExit):
+        _curve(capsys, "--hit-rates", "0.25", "--set", "engine.block_tokens=32")
+    assert "use a divisor of 16 (2, 4, 8, 16)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
