@@ -340,8 +340,9 @@ def predict_load(row: pd.Series) -> float:
     return (loaded - kept) / UNIT_SECONDS[row["unit"]]
 
 
-def hit_rate_benchmark(row: pd.Series) -> hitrate.Benchmark:
-    """The row's throughput-against-hit-rate point (``num_requests`` empty: ``batch``)."""
+def hit_rate_benchmark(row: pd.Series, block_tokens: int) -> hitrate.Benchmark:
+    """The row's throughput-against-hit-rate point (``num_requests`` empty: ``batch``) on an
+    engine of ``block_tokens``-token KV blocks."""
     batch = int(row["batch"])
     return hitrate.Benchmark(
         requests=int(row["num_requests"] or batch),
@@ -349,7 +350,7 @@ def hit_rate_benchmark(row: pd.Series) -> hitrate.Benchmark:
         prompt=int(row["input_tokens"]),
         output=int(row["output_tokens"]),
         hit_rate=float(row["hit_rate"]),
-        block_tokens=row_config(row)["engine"]["block_tokens"],
+        block_tokens=block_tokens,
     )
 
 
@@ -367,7 +368,8 @@ def predict_offload(row: pd.Series) -> float:
     config = offload_config(row)
     source = f"fidelity row {row['id']}"
     try:
-        figures = hitrate.run(config, hit_rate_benchmark(row), settings(row), source)[0]
+        bench = hit_rate_benchmark(row, config["engine"]["block_tokens"])
+        figures = hitrate.run(config, bench, settings(row), source)[0]
     except RuntimeError as error:
         raise RuntimeError(f"row {row['id']}: {error}") from None
     seconds = {"offload_mean_ttft": figures.mean_ttft_s, "offload_round_time": figures.round_s}

@@ -187,8 +187,8 @@ def _check_hbm_cache(config: RunConfig, plan: HbmPlan) -> None:
 
 
 def _reserve_keys(config: RunConfig) -> str:
-    """The keys the plan's non-torch reserve comes from."""
-    if runtime_reserve(config) != config.hardware.hbm.runtime_reserve:
+    """The keys the plan's non-torch reserve comes from (:func:`runtime_reserve`)."""
+    if config.tensor_parallel_size > 1 and config.hardware.hbm.runtime_reserve_tp:
         return "hardware.hbm.runtime_reserve + runtime_reserve_tp"
     return "hardware.hbm.runtime_reserve"
 
