@@ -122,3 +122,29 @@ def test_two_equal_chunked_transfers_share_the_link_at_its_chunk_efficiency():
     assert all(event.processed for event in done)
     assert env.now == pytest.approx(LAT + 2 * 1e9 / (BW * 0.75561), rel=1e-4)
     assert link.bytes_delivered == link.bytes_submitted == 2e9
+
+
+@pytest.mark.parametrize("copier", ["ce", "sm"])
+def test_each_direction_copies_at_its_copiers_rate(copier):
+    """h100-sxm's host links, built from the profile: 64 MiB in 32 KiB chunks takes one
+    latency plus the bytes at the copy engines' 55 GB/s times the chunk curve's
+    1 / (1 + (30.4 KiB / 32 KiB)^2.271)^(1/2.271), or, copied by a kernel (``sm``), at
+    sm_h2d's 37.8 GB/s and sm_d2h's 52.8 GB/s flat."""
+    from sim.config.loader import load_hardware
+    from sim.memory.links import Links
+
+    hw = load_hardware("h100-sxm")
+    link = hw.link.model_copy(update={"h2d_copier": copier, "d2h_copier": copier})
+    hw = hw.model_copy(update={"link": link})
+    curve = (1 + (30.4 / 32) ** 2.271) ** (-1 / 2.271)
+    rates = (
+        {"h2d": 37.8e9, "d2h": 52.8e9}
+        if copier == "sm"
+        else dict.fromkeys(("h2d", "d2h"), 55e9 * curve)
+    )
+    nbytes = 64 * 2**20
+    for direction, rate in rates.items():
+        env = simpy.Environment()
+        links = Links.from_hardware(env, hw)
+        env.run(until=getattr(links, direction).transfer(nbytes, 32 * 2**10))
+        assert env.now == pytest.approx(5e-6 + nbytes / rate, rel=1e-9)

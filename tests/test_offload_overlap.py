@@ -83,6 +83,23 @@ def test_neutral_link_keys_load_at_the_links_peak():
     assert run.requests.ttft_s[3] == pytest.approx(s2 + joined.step_s - ARRIVE, rel=1e-12)
 
 
+def test_a_kernel_copier_loads_at_its_own_bandwidth_whatever_the_chunks():
+    """hardware.link.h2d_copier: sm (a kernel reading pinned host memory, as LMCache loads),
+    in_step: the step that schedules r3 stalls for exactly its load, one latency plus its
+    bytes at h100-sxm's sm_h2d, 37.8 GB/s (nvbandwidth's host_to_device_memcpy_sm on Hopper),
+    although the copy layout cuts them into 32 KiB (layer, block, K|V) chunks, which would
+    cost the copy engines a quarter of their 55 GB/s."""
+    config = make_config(
+        "engine.kv_pool_blocks=600", "hardware.link.h2d_copier=sm",
+        "hardware.link.load_overhead=0", kv={"mode": "offload", "prefix_loads": "in_step"},
+    )  # fmt: skip
+    assert config.hardware.link.copy_layout == "layer_kv"
+    run = simulate(config, case(True))
+    tl = run.timeline
+    step = tl[tl.time_s == tl.time_s[tl.time_s >= ARRIVE].min()].iloc[0]
+    assert step.stall_s == pytest.approx(5e-6 + run.summary["h2d_bytes"] / 37.8e9, rel=1e-9)
+
+
 def test_an_in_step_load_holds_up_the_step_that_schedules_it():
     """kv.prefix_loads: in_step (LMCache's synchronous connector): r3 is scheduled at the first
     step after it arrives, beside r2's decode, and that step first waits out r3's whole load

@@ -166,6 +166,15 @@ FIT_PROVENANCE = (
         "`python -m validation.copyfit`); the per-load cost is an estimate",
     ),
     (
+        "copy-kernel rates (`link.sm_h2d`, `link.sm_d2h`; the LMCache rows load with "
+        "`link.h2d_copier=sm`)",
+        "h100-sxm (h100-pcie, h200-sxm carry both); a100-80g-sxm, a40, rtx3090 (`sm_h2d` = "
+        "`h2d`); gh200 (`sm_h2d`)",
+        "nvbandwidth host_to_device_memcpy_sm / device_to_host_memcpy_sm: 8x H800 SXM "
+        "(liguodongiot/llm-action@07bac36), an A10 on Gen4 "
+        "(sscargal/stevescargall.com.v2@6b3bb6f), GH200 96GB [M6]; docs/tiering.md",
+    ),
+    (
         "`hbm.runtime_reserve_tp` (vLLM <= 0.10's accounting; the profiles model later vLLMs: 0)",
         "the vllm-i21348 row's setting, 1.88 GiB (h100-sxm and h200-sxm say it in a comment)",
         "vLLM V1's logged memory profile of Qwen3-235B-A22B-FP8 on 4 H200, vllm-project/vllm#21429 "

@@ -66,6 +66,8 @@ class Dram(Strict):
 
 
 CopyLayout = Literal["block", "layer", "layer_kv"]
+Copier = Literal["ce", "sm"]
+Direction = Literal["h2d", "d2h"]
 
 
 class Link(Strict):
@@ -76,6 +78,12 @@ class Link(Strict):
     costs ``h / bandwidth`` on top of its bytes, ``s / (s + h)``; larger: the per-chunk cost
     and the bytes overlap more). ``copy_layout`` says how a KV block is cut into contiguous
     chunks; ``load_overhead`` is the fixed cost of one request's prefix load.
+
+    ``h2d_copier`` / ``d2h_copier`` say what moves a direction's KV bytes: ``ce``, the copy
+    engines (one ``cudaMemcpyAsync`` per chunk: ``h2d``/``d2h`` and the chunk curve), or
+    ``sm``, a kernel that reads or writes pinned host memory itself (LMCache's
+    ``multi_layer_kv_transfer``): ``sm_h2d``/``sm_d2h`` (nvbandwidth's ``*_memcpy_sm``),
+    no per-chunk cost.
     """
 
     kind: LinkKind
@@ -93,6 +101,29 @@ class Link(Strict):
     chunk_blend: float = Field(1.0, ge=1, le=8)
     copy_layout: CopyLayout = "block"
     load_overhead: Annotated[Seconds, plausible("load overhead")] = 0.0
+    h2d_copier: Copier = "ce"
+    d2h_copier: Copier = "ce"
+    sm_h2d: LinkBandwidth | None = None
+    sm_d2h: LinkBandwidth | None = None
+
+    @model_validator(mode="after")
+    def _sm_copies_need_their_bandwidth(self) -> Link:
+        for direction, test in (("h2d", "host_to_device"), ("d2h", "device_to_host")):
+            copier, key = f"{direction}_copier", f"sm_{direction}"
+            if getattr(self, copier) == "sm" and getattr(self, key) is None:
+                raise KeyedValueError(
+                    copier,
+                    f"'sm' (a copy kernel) needs {key}, which is not set: expected {key}, "
+                    f"the host's nvbandwidth {test}_memcpy_sm figure, or {copier}: ce",
+                )
+        return self
+
+    def copy_path(self, direction: Direction) -> tuple[float, float, float]:
+        """(bandwidth, half_efficiency_bytes, chunk_blend) of ``direction``'s KV copies, by
+        its copier: the copy engines' curve, or a copy kernel's flat bandwidth."""
+        if getattr(self, f"{direction}_copier") == "sm":
+            return getattr(self, f"sm_{direction}"), 0.0, 1.0
+        return getattr(self, direction), self.half_efficiency_bytes, self.chunk_blend
 
 
 class Interconnect(Strict):

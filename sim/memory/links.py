@@ -140,12 +140,12 @@ class Links:
 
     @classmethod
     def from_hardware(cls, env: simpy.Environment, hw: HardwareSpec) -> Links:
-        """Links with the profile's bandwidths, latencies and chunk efficiency."""
+        """Links with the profile's bandwidths, latencies and chunk efficiency (each
+        direction's as its copier moves the bytes: ``hardware.link.copy_path``)."""
         link, ssd = hw.link, hw.ssd
-        half, p = link.half_efficiency_bytes, link.chunk_blend
         return cls(
-            h2d=Link(env, "h2d", link.h2d, link.latency, half, p),
-            d2h=Link(env, "d2h", link.d2h, link.latency, half, p),
+            h2d=Link(env, "h2d", *_path(link.copy_path("h2d"), link.latency)),
+            d2h=Link(env, "d2h", *_path(link.copy_path("d2h"), link.latency)),
             ssd_read=Link(env, "ssd_read", ssd.read, ssd.latency),
             ssd_write=Link(env, "ssd_write", ssd.write, ssd.latency),
         )
@@ -153,3 +153,9 @@ class Links:
     def all(self) -> tuple[Link, ...]:
         """Every direction."""
         return (self.h2d, self.d2h, self.ssd_read, self.ssd_write)
+
+
+def _path(path: tuple[float, float, float], latency: float) -> tuple[float, float, float, float]:
+    """A :class:`Link`'s (bandwidth, latency, half_efficiency_bytes, blend)."""
+    bandwidth, half, blend = path
+    return bandwidth, latency, half, blend
