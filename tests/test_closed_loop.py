@@ -63,24 +63,26 @@ def test_one_slot_serves_requests_one_after_another_each_as_if_alone():
     poisson=st.booleans(),
     mode=st.sampled_from(["hbm", "offload"]),
     seed=st.integers(0, 1000),
+    frontend=st.sampled_from([0.0, 3e-3]),
 )
 def test_the_client_keeps_at_most_c_in_flight_and_sends_as_slots_free(
-    n, longest_output, longest_prompt, slots, poisson, mode, seed
+    n, longest_output, longest_prompt, slots, poisson, mode, seed, frontend
 ):
     arrival = {"kind": "poisson", "rate": 20.0} if poisson else AT_ONCE
     workload = _workload(n, arrival, concurrency=slots)
     workload["output_tokens"] = {"kind": "uniform", "min": 1, "max": longest_output}
     workload["prompt_tokens"] = {"kind": "uniform", "min": 16, "max": longest_prompt}
     config = make_config(
-        f"seed={seed}", workload=workload, kv={"mode": mode}, engine={"check": True}
-    )
+        f"seed={seed}", workload=workload, kv={"mode": mode},
+        engine={"check": True, "frontend_latency": frontend},
+    )  # fmt: skip
     earliest = _requests(config).arrival_s
     result = simulate(config).requests
     sent, left = result["arrival_s"].to_numpy(), result["finish_s"].to_numpy()
     assert np.allclose(sent, _replay(earliest, np.sort(left), slots), rtol=0, atol=1e-12)
     for t in np.concatenate([sent, left]):  # in flight at every instant something changes
         assert ((sent <= t) & (t < left)).sum() <= slots
-    assert (result["scheduled_s"] >= sent).all()
+    assert (result["scheduled_s"] >= sent + frontend - 1e-12).all()  # through the front end
     assert np.allclose(result["ttft_s"], result["first_token_s"] - sent)
 
 

@@ -166,6 +166,13 @@ FIT_PROVENANCE = (
         "`python -m validation.copyfit`); the per-load cost is an estimate",
     ),
     (
+        "the serving front end (`engine.frontend_latency`, `engine.frontend_token_latency`; "
+        "the rows measured through vLLM's OpenAI API server set 10 ms and 2 us a token)",
+        "all (0 by default: kvsim's TTFT is the engine's)",
+        "client TTFT less vLLM's server-side TTFT, 8.4-12.2 ms (vllm-project/vllm#54628, "
+        "'Backend parity'); tokenization ~2 us a token (ModelTC/LightLLM#1258); docs/model.md",
+    ),
+    (
         "copy-kernel rates (`link.sm_h2d`, `link.sm_d2h`; the LMCache rows load with "
         "`link.h2d_copier=sm`)",
         "h100-sxm (h100-pcie, h200-sxm carry both); a100-80g-sxm, a40, rtx3090 (`sm_h2d` = "

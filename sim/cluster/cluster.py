@@ -68,15 +68,25 @@ class Cluster:
 
     def _feed(self, target: Target) -> ArrivalFeed | ClosedLoopFeed:
         """The open-loop feed, or a closed-loop client (``workload.max_concurrency``) whose
-        requests' arrival times become their send times (a copy: the caller's stay)."""
-        slots = self.config.workload.max_concurrency
+        requests' arrival times become their send times (a copy: the caller's stay); each
+        request crosses the front end (``engine.frontend_*``) to the scheduler."""
+        slots, frontend = self.config.workload.max_concurrency, self._frontend_s()
         if slots is None:
-            return ArrivalFeed(self.env, self.requests.arrival_s, target)
+            return ArrivalFeed(self.env, self.requests.arrival_s, target, frontend)
         self.requests = replace(self.requests, arrival_s=self.requests.arrival_s.copy())
-        feed = ClosedLoopFeed(self.env, self.requests.arrival_s, target, slots)
+        feed = ClosedLoopFeed(self.env, self.requests.arrival_s, target, slots, frontend)
         for instance in self.instances:
             instance.scheduler.freed = feed.freed
         return feed
+
+    def _frontend_s(self) -> np.ndarray | None:
+        """Each request's time in the front end: ``engine.frontend_latency`` plus
+        ``frontend_token_latency`` a prompt token (None: none)."""
+        engine = self.config.engine
+        if engine.frontend_latency == 0 and engine.frontend_token_latency == 0:
+            return None
+        tokens = self.requests.prompt_tokens.astype(np.float64)
+        return engine.frontend_latency + engine.frontend_token_latency * tokens
 
     def _dispatcher(self, spec: ClusterConfig) -> Dispatcher | DisaggDispatcher:
         """The router (one, or one per role with the handoffs between them)."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from sim.config.base import DTYPE_BYTES, Seconds, Strict, deep_merge
+from sim.config.base import DTYPE_BYTES, Seconds, Strict, deep_merge, plausible
 from sim.config.cluster import ClusterConfig, Group
 from sim.config.errors import KeyedValueError, config_error
 from sim.config.hardware import HardwareSpec
@@ -50,6 +50,17 @@ class EngineConfig(Strict):
         "PR #10511); ~14-16 for FlashInfer's or the Triton sampler (by tensor count); "
         "docs/cost-model.md, 'Activation peak'",
     )
+    frontend_latency: Annotated[Seconds, plausible("front-end latency")] = Field(
+        0.0,
+        description="time from a client sending a request to the scheduler seeing it (the "
+        "serving front end: HTTP, chat template, hand-off to the engine), counted in its TTFT "
+        "and latency; vLLM's API server: ~10 ms (`docs/model.md`); 0 = the engine's own TTFT",
+    )
+    frontend_token_latency: Annotated[Seconds, plausible("front-end time a token")] = Field(
+        0.0,
+        description="the front end's time per prompt token on top of `frontend_latency` "
+        "(tokenization: ~2 us a token, `docs/model.md`)",
+    )
 
     @field_validator("pipeline_parallel_size")
     @classmethod
@@ -60,6 +71,9 @@ class EngineConfig(Strict):
                 f"engine.tensor_parallel_size to spread a model over {size} GPUs"
             )
         return size
+
+
+FRONT_END_KEYS = frozenset({"frontend_latency", "frontend_token_latency"})
 
 
 class Slo(Strict):
@@ -120,6 +134,13 @@ class RunConfig(Strict):
 
     def _for_group(self, group: Group, key: str) -> RunConfig:
         """This run with ``group``'s hardware, engine and kv laid over its own."""
+        if clash := sorted(FRONT_END_KEYS & group.engine.keys()):
+            raise KeyedValueError(
+                f"{key}.engine.{clash[0]}",
+                f"{group.engine[clash[0]]!r}: a cluster has one front end, which every request "
+                f"crosses before the router: expected engine.{clash[0]} at the run's engine, "
+                "not per group",
+            )
         sections: dict[str, Any] = {"hardware": group.hardware or self.hardware}
         for name, over in (("engine", group.engine), ("kv", group.kv)):
             base = getattr(self, name).model_dump(exclude_unset=True)
