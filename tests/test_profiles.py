@@ -29,6 +29,7 @@ MODELS = [
     "qwen2.5-7b",
     "qwen2.5-72b",
     "qwen3-8b",
+    "qwen3-14b",
     "qwen3-235b-a22b",
     "qwen3-30b-a3b",
     "mixtral-8x7b",
@@ -64,6 +65,7 @@ def test_hardware_profiles_validate(name):
         ("llama-2-70b", 2 * 80 * 8 * 128 * 2),
         ("qwen2.5-7b", 2 * 28 * 4 * 128 * 2),
         ("qwen3-8b", 2 * 36 * 8 * 128 * 2),  # 147,456 (QK-norm leaves KV alone)
+        ("qwen3-14b", 2 * 40 * 8 * 128 * 2),  # 163,840
         ("qwen3-235b-a22b", 2 * 94 * 4 * 128 * 2),  # 192,512
         ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),  # 98,304
         ("devstral-2-123b", 2 * 88 * 8 * 128 * 2),  # 360,448: bf16 KV under fp8 weights
@@ -112,10 +114,13 @@ def test_qwen3_8b_and_devstral_2_parameters_by_hand():
         return layers * per_layer + 2 * v * h + (2 * layers + 1) * h
 
     qwen3 = by_hand(36, 4096, 32 * 128, 8 * 128, 12288, 151936)
+    qwen3_14b = by_hand(40, 5120, 40 * 128, 8 * 128, 17408, 151936)
     devstral = by_hand(88, 12288, 96 * 128, 8 * 128, 28672, 131072)
     assert qwen3 == 8_190_726_144  # model card 8.2B; 6.95B without the 1.24B of embeddings
     assert devstral == 125_025_988_608  # the card's "123": Mistral Large 2's 32768-token vocab
     assert load_model("qwen3-8b").total_params == qwen3
+    assert qwen3_14b == 14_768_296_960  # 13.21B without the 1.56B of untied embeddings
+    assert load_model("qwen3-14b").total_params == qwen3_14b
     assert load_model("devstral-2-123b").total_params == devstral
 
 
