@@ -196,10 +196,12 @@ class Efficiency(Strict):
     ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step.
     Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
     ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
-    (``docs/cost-model.md``). ``moe_gemm`` scales the routed experts' GEMMs (one fused-MoE
-    kernel call, not a dense GEMM per expert: one roofline over the touched experts, no
-    per-GEMM latency): their time is that roofline's / ``moe_gemm``; ``moe_latency`` is the
-    call's fixed time per MoE layer (routing top-k, token sort, the top-k sum), 0 by default.
+    (``docs/cost-model.md``). The routed experts run as one fused-MoE kernel call, not a dense
+    GEMM per expert: each expert GEMM one roofline over the touched experts, its FLOPs on the
+    rows padded to the kernel's tile height, no per-GEMM latency. ``moe_gemm`` scales that
+    roofline's compute rate (the GEMM rate), ``moe_gemm_memory`` its weight-streaming rate
+    (the GEMM bandwidth), both 1 by default; ``moe_latency`` is the call's fixed time per MoE
+    layer (routing top-k, token sort, the top-k sum), 0 by default.
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
@@ -218,6 +220,7 @@ class Efficiency(Strict):
     decode_attention: float | None = Field(None, gt=0, le=1)
     decode_attention_latency: KernelSeconds | None = None
     moe_gemm: float = Field(1.0, gt=0, le=10)
+    moe_gemm_memory: float = Field(1.0, gt=0, le=10)
     moe_latency: KernelSeconds = 0.0
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 

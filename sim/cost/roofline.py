@@ -34,6 +34,10 @@ FP8_WIDTH = 1.0  # bytes per fp8 weight
 # two norms, one rope, one residual add; the activation runs once per MLP, dense or MoE, and
 # the embedding once per step)
 KERNELS_PER_LAYER = {"norm": 2, "rope": 1, "residual_add": 1}
+# vLLM's Triton fused_moe tile height (BLOCK_SIZE_M): the smallest and the largest its tuned
+# configs use (E=128,N=768 on H100 and H200, SGLang's E=128,N=768 A800 file, E=8,N=7168 on
+# H100: docs/cost-model.md, "Mixture of experts")
+MOE_BLOCK_ROWS = (16, 128)
 
 
 def blend(a: float, b: float, p: float) -> float:
@@ -113,6 +117,7 @@ class CostParams:
     gemm_max_passes: int | None = None
     moe_gemm_efficiency: float = 1.0
     moe_latency_s: float = 0.0
+    moe_memory_efficiency: float = 1.0
     sampler_bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT  # engine.sampler_bytes_per_logit
 
     @classmethod
@@ -144,6 +149,7 @@ class CostParams:
             gemm_max_passes=eff.gemm_max_passes,
             moe_gemm_efficiency=eff.moe_gemm,
             moe_latency_s=eff.moe_latency,
+            moe_memory_efficiency=eff.moe_gemm_memory,
         )
 
     @property
@@ -208,15 +214,14 @@ def gemm_seconds(
 
 def gemm_work_seconds(
     p: CostParams, rows: float, fan_in: float, fan_out: float, dtype_bytes: float,
-    act_bytes: float | None = None, copies: float = 1.0,
+    act_bytes: float | None = None,
 ) -> float:  # fmt: skip
-    """The roofline part of :func:`gemm_seconds` (its fixed latency left out) of ``copies``
-    GEMMs of ``fan_in x fan_out`` weights each that share ``rows`` rows between them,
-    ``blend(compute, memory)`` over all of them at once, as one kernel runs them."""
+    """The roofline part of :func:`gemm_seconds` (its fixed latency left out):
+    ``blend(compute, memory)`` of one GEMM of ``fan_in x fan_out`` weights over ``rows`` rows."""
     act = dtype_bytes if act_bytes is None else act_bytes
     flops = 2.0 * rows * fan_in * fan_out
-    weights = fan_in * fan_out * weight_passes(p, rows / copies)  # once, or per row block
-    traffic = copies * weights * dtype_bytes + rows * (fan_in + fan_out) * act
+    weights = fan_in * fan_out * weight_passes(p, rows)  # once, or per row block
+    traffic = weights * dtype_bytes + rows * (fan_in + fan_out) * act
     rate = p.gemm_fp8_flops if dtype_bytes == FP8_WIDTH and act > FP8_WIDTH else p.gemm_flops
     compute, memory = flops / rate, traffic / p.gemm_bandwidth
     if math.isinf(p.gemm_blend):
@@ -232,6 +237,55 @@ def weight_passes(p: CostParams, tokens: float) -> int:
         return 1
     passes = math.ceil(tokens / p.gemm_row_block)
     return passes if p.gemm_max_passes is None else min(passes, p.gemm_max_passes)
+
+
+def moe_block_rows(group: float) -> int:
+    """The fused-MoE tile height ``BLOCK_SIZE_M`` for experts that each hold ``group`` routed
+    rows on average: the smallest power of two at or above it, within :data:`MOE_BLOCK_ROWS`."""
+    low, high = MOE_BLOCK_ROWS
+    if group <= low:
+        return low
+    return min(high, 1 << math.ceil(math.log2(group)))
+
+
+@lru_cache(maxsize=1 << 14)
+def moe_padded_rows(tokens: int, top_k: int, experts: int, block: int) -> float:
+    """Rows the fused-MoE GEMMs multiply: ``moe_align_block_size`` pads each expert's rows to a
+    multiple of ``block``, so ``E * block * E[ceil(n / block)]`` with ``n``, the rows of one
+    expert, ``Binomial(tokens, top_k / experts)`` (each token picks ``top_k`` distinct experts).
+    The sum runs over ``n`` within 12 standard deviations of the mean (all of it at small
+    tokens), one vectorised pass (~10-20 us; cached, as the callers' token counts repeat)."""
+    if tokens <= 0:
+        return 0.0
+    p = top_k / experts
+    if p >= 1.0:
+        return float(experts * block * math.ceil(tokens / block))
+    spread = 12.0 * math.sqrt(tokens * p * (1.0 - p))
+    low = max(0, math.floor(tokens * p - spread))
+    high = min(tokens, math.ceil(tokens * p + spread) + 1)
+    n = np.arange(low, high + 1, dtype=np.float64)
+    # log pmf at ``low``, then the ratio of neighbours pmf(n+1) / pmf(n)
+    first = (math.lgamma(tokens + 1) - math.lgamma(low + 1) - math.lgamma(tokens - low + 1)
+             + low * math.log(p) + (tokens - low) * math.log1p(-p))  # fmt: skip
+    steps = np.log((tokens - n[:-1]) / (n[:-1] + 1.0)) + math.log(p / (1.0 - p))
+    pmf = np.exp(first + np.concatenate(([0.0], np.cumsum(steps))))
+    tiles = float(np.dot(pmf, np.ceil(n / block)) / pmf.sum())
+    return experts * block * tiles
+
+
+def fused_moe_gemm_parts(
+    p: CostParams, routed: float, padded: float, touched: float, fan_in: float,
+    fan_out: float, dtype_bytes: float, act_bytes: float,
+) -> tuple[float, float]:  # fmt: skip
+    """(compute, memory) seconds of one expert GEMM of a fused-MoE call, every touched expert
+    at once, before ``moe_gemm`` and ``moe_gemm_memory``: the ``padded`` rows' FLOPs at the
+    GEMM rate; the touched experts' weights (read once, or per row block on a CPU) and the
+    ``routed`` rows' activations at the weight-streaming bandwidth."""
+    flops = 2.0 * padded * fan_in * fan_out
+    weights = fan_in * fan_out * weight_passes(p, routed / touched)
+    traffic = touched * weights * dtype_bytes + routed * (fan_in + fan_out) * act_bytes
+    fp8 = dtype_bytes == FP8_WIDTH and act_bytes > FP8_WIDTH
+    return flops / (p.gemm_fp8_flops if fp8 else p.gemm_flops), traffic / p.gemm_bandwidth
 
 
 def kernel_seconds(
@@ -308,19 +362,36 @@ class CostModel:
     def _gemms_time(self, tokens: float, gemms: tuple[tuple[int, int], ...]) -> float:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
 
-    def routed_experts_time(self, tokens: int) -> float:
-        """One layer's routed experts as one fused-MoE kernel: the experts touched each run
-        their share of the tokens, all at once (each GEMM of an expert a roofline over every
-        touched expert's copy, no fixed time per expert), at ``moe_gemm`` times that speed."""
+    def routed_experts_parts(self, tokens: int) -> list[tuple[float, float]]:
+        """(compute, memory) seconds of each expert GEMM of one layer's fused-MoE call
+        (:func:`fused_moe_gemm_parts`), before ``moe_gemm`` and ``moe_gemm_memory``: its FLOPs
+        on the rows padded to the tile height (:func:`moe_padded_rows`,
+        :func:`moe_block_rows`), the touched experts' weights read once."""
         m, moe = self.model, self.model.moe
         assert moe is not None
+        if tokens <= 0:
+            return []
         routed = tokens * moe.top_k
         # each token picks top_k distinct experts: P(expert unused) = (1 - k/E)^tokens
         touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
+        block = moe_block_rows(routed / touched)
+        padded = moe_padded_rows(tokens, moe.top_k, moe.experts, block)
         p, width, act = self.params, m.dtype_bytes, m.act_bytes
-        gemms = m.mlp_gemms(moe.expert_intermediate)
-        work = sum(gemm_work_seconds(p, routed, i, o, width, act, touched) for i, o in gemms)
-        return work / self.params.moe_gemm_efficiency
+        return [
+            fused_moe_gemm_parts(p, routed, padded, touched, i, o, width, act)
+            for i, o in m.mlp_gemms(moe.expert_intermediate)
+        ]
+
+    def routed_experts_time(self, tokens: int) -> float:
+        """One layer's routed experts as one fused-MoE kernel (docs/cost-model.md): each
+        expert GEMM's roofline (:meth:`routed_experts_parts`), its compute at ``moe_gemm`` and
+        its memory at ``moe_gemm_memory`` times the dense GEMM's, blended as a GEMM is; no
+        fixed time per expert."""
+        p = self.params
+        return sum(
+            blend(compute / p.moe_gemm_efficiency, memory / p.moe_memory_efficiency, p.gemm_blend)
+            for compute, memory in self.routed_experts_parts(tokens)
+        )
 
     def _moe_time(self, tokens: int) -> float:
         """Routed experts, shared experts (dense GEMMs on all tokens), the router and the
