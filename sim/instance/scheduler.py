@@ -203,7 +203,8 @@ class Scheduler:
 
     def _preempt(self, rid: int) -> None:
         """Preempt by swap (KV kept in DRAM) or recompute (KV dropped); back to the queue head."""
-        swapped = self.kv.preempt(rid, swap=self.engine.preemption == "swap")
+        tokens = int(self.prompt[rid] + self.generated[rid])
+        swapped = self.kv.preempt(rid, swap=self.engine.preemption == "swap", tokens=tokens)
         if not swapped:
             self.recomputed_tokens += int(self.computed[rid])
             self.computed[rid] = 0

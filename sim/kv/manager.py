@@ -57,8 +57,9 @@ class KvManager:
         self.mode = MODES[kv.mode](self)
         self.access = AccessModel(kv.access, rng)
         self.index = PrefixIndex(
-            table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers
-        )
+            table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers,
+            kv.hash_every_block,
+        )  # fmt: skip
         self.prefix = self.index.enabled
         self.hbm_caches = kv.hbm_prefix_caching  # finished requests' blocks stay in HBM
         keeps = host.keeps_below[HBM]
@@ -188,11 +189,15 @@ class KvManager:
                 tier.remove_many(run)
             t.drop_many(run)
 
-    def preempt(self, rid: int, swap: bool) -> bool:
-        """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped."""
+    def preempt(self, rid: int, swap: bool, tokens: int | None = None) -> bool:
+        """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped;
+        else its next prefix lookup covers the ``tokens`` it had (prompt and output so far;
+        None: its prompt)."""
         if swap and self.mode.can_swap and self.swap.swap_out(rid):
             return True
         self.release(rid)
+        if tokens is not None:
+            self.index.preempted(rid, tokens)
         return False
 
     def swap_in(self, rid: int) -> None:

@@ -33,15 +33,40 @@ class PrefixHits:
 
 
 NO_HITS = PrefixHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+NO_HASHES = np.zeros(0, dtype=np.uint64)
 
 
-def prefix_hashes(requests: Requests, enabled: bool) -> list[np.ndarray] | None:
+def prefix_hashes(
+    requests: Requests, enabled: bool, every_block: bool = False, block_tokens: int = 16
+) -> list[np.ndarray] | None:
     """Each request's block hashes that can ever be registered: its prompt's, and (with
-    prefix caching) those of blocks that fill up while generating (the next turn's prompt)."""
+    prefix caching) those of blocks that fill up while generating (the next turn's prompt);
+    with ``every_block``, its blocks past those get hashes of their own (:func:`own_hashes`)."""
     hashes = requests.prefix_hashes
     if enabled and hashes is not None and requests.output_hashes is not None:
-        return [np.concatenate((p, o)) for p, o in zip(hashes, requests.output_hashes, strict=True)]
-    return hashes
+        hashes = [
+            np.concatenate((p, o)) for p, o in zip(hashes, requests.output_hashes, strict=True)
+        ]
+    if not (enabled and every_block):
+        return hashes
+    totals = -(-(requests.prompt_tokens + requests.output_tokens) // block_tokens)
+    known = [NO_HASHES] * len(requests) if hashes is None else hashes
+    return [
+        np.concatenate((h, own_hashes(rid, len(h), int(total))))
+        for rid, (h, total) in enumerate(zip(known, totals.tolist(), strict=True))
+    ]
+
+
+def own_hashes(rid: int, start: int, stop: int) -> np.ndarray:
+    """Hashes of request ``rid``'s blocks ``start`` to ``stop`` that no other block has: the
+    splitmix64 finaliser (a bijection of 64-bit words, 0 only at 0) of ``(rid + 1) << 32 |
+    block``; a workload's own hashes meet one of them with chance ~2^-64 a pair."""
+    if stop <= start:
+        return NO_HASHES
+    x = (np.uint64(rid + 1) << np.uint64(32)) | np.arange(start, stop, dtype=np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def hashed_block_counts(requests: Requests, enabled: bool) -> np.ndarray:
@@ -77,22 +102,34 @@ class PrefixIndex:
 
     def __init__(
         self, table: BlockTable, requests: Requests, block_tokens: int, enabled: bool,
-        lookup_tiers: int,
+        lookup_tiers: int, every_block: bool = False,
     ):  # fmt: skip
         self.table = table
         self.bt = block_tokens
-        self.enabled = enabled and requests.prefix_hashes is not None
+        self.enabled = enabled and (requests.prefix_hashes is not None or every_block)
         self.lookup_tiers = lookup_tiers  # tiers a hit may be read from (HBM first)
-        self.hashes = prefix_hashes(requests, self.enabled)
+        self.hashes = prefix_hashes(requests, self.enabled, every_block, block_tokens)
         # blocks of each request that can ever be registered (its hashes)
-        self.hashed_blocks = hashed_block_counts(requests, self.enabled)
-        self.prompt = requests.prompt_tokens
+        self.hashed_blocks = (
+            np.array([len(h) for h in self.hashes], dtype=np.int64)
+            if self.enabled and every_block
+            else hashed_block_counts(requests, self.enabled)
+        )
+        # tokens a lookup covers: the prompt; after a recompute preemption, all it had
+        self.lookup_tokens = requests.prompt_tokens.astype(np.int64)  # (a copy)
         self.registered = np.zeros(len(requests), dtype=np.int64)
         self._memo: dict[int, tuple[int, np.ndarray]] = {}  # rid -> (index version, ids)
 
     def lookup_blocks(self, rid: int) -> int:
         """Blocks a lookup of ``rid``'s prompt covers (its full blocks but the last token)."""
-        return min(len(self.hashes[rid]), (int(self.prompt[rid]) - 1) // self.bt)
+        return min(len(self.hashes[rid]), (int(self.lookup_tokens[rid]) - 1) // self.bt)
+
+    def preempted(self, rid: int, tokens: int) -> None:
+        """``rid`` lost its KV to a recompute preemption holding ``tokens`` tokens (prompt
+        and output so far): its next lookup covers them all, as vLLM's does (the blocks it
+        wrote that are still cached come back instead of being computed again)."""
+        self.lookup_tokens[rid] = tokens
+        self._memo.pop(rid, None)
 
     def match(self, rid: int) -> PrefixHits:
         """The longest cached prefix of ``rid``'s prompt (one token left over)."""
@@ -117,8 +154,9 @@ class PrefixIndex:
         version, memo = self.table.index_version, self._memo.get(rid)
         if memo is not None and memo[0] == version:
             return memo[1]
-        hashes = self.hashes[rid]  # (a request's hashes and prompt never change)
-        limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+        hashes = self.hashes[rid]  # (a request's hashes never change; a lookup's length
+        # grows only at a preemption, which drops the memo)
+        limit = min(len(hashes), (int(self.lookup_tokens[rid]) - 1) // self.bt)
         if memo is not None:
             ids = memo[1]
             held = self.table.hash[ids] == hashes[: len(ids)]
