@@ -59,7 +59,7 @@ def ref_union(reads: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def ref_indexed_prefix(self: PrefixIndex, rid: int) -> list[int]:
     hashes = self.hashes[rid]
-    limit = min(len(hashes), (int(self.prompt[rid]) - 1) // self.bt)
+    limit = min(len(hashes), (int(self.lookup_tokens[rid]) - 1) // self.bt)
     ids = []
     for h in hashes[:limit].tolist():
         b = self.table.index.get(h)
@@ -136,7 +136,7 @@ def test_indexed_prefix_stops_at_the_first_miss(hashes, registered, prompt, firs
     """Looked up ``first`` hashes at a time, then twice as many, and so on."""
     kv = _engine(*DRAM_CASES[0], seed=0).kv
     kv.index.hashes = [np.asarray(hashes, dtype=np.uint64)]
-    kv.index.prompt = np.array([prompt])
+    kv.index.lookup_tokens = np.array([prompt])
     kv.table.index = {h: 100 + h for h in registered}
     with pytest.MonkeyPatch.context() as m:
         m.setattr(sim.kv.prefix, "FIRST_LOOKUPS", first)
@@ -152,7 +152,7 @@ def test_indexed_prefix_memo_follows_registrations_and_drops(hashes, ops):
     """The memoised prefix lookup, asked after each change of the index, gives a fresh one."""
     kv = _engine(*DRAM_CASES[0], seed=0).kv
     kv.index.hashes = [np.asarray(hashes, dtype=np.uint64)]
-    kv.index.prompt = np.array([kv.bt * len(hashes) + 1])
+    kv.index.lookup_tokens = np.array([kv.bt * len(hashes) + 1])
     t = kv.table
     blocks = [t.new(0, i, 0.0) for i in range(len(hashes))]
     for register, i in ops:

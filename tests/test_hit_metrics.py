@@ -48,34 +48,38 @@ def test_a_prefix_written_by_a_finished_request_is_cross_request_reuse():
 def test_a_request_preempted_by_recompute_re_hits_its_own_blocks():
     """A and B (distinct prompts, 40 output tokens) start together in an 11-block pool and
     hold 5 blocks each; at their 81st token each needs a 6th: A takes the 11th, B (the
-    newest) is preempted and its 4 hashed blocks stay cached. A needs 7 blocks at most, so
-    they survive; when A is done B is admitted again and finds its own 4 blocks: 4 re-hits,
-    no reuse. The lookups of the first admissions are 8; the old count adds B's second (12),
-    so the old HBM hit rate is 4/12 where the reuse rate is 0."""
+    newest) is preempted and its 5 full blocks stay cached (the 5th, 1 prompt token and 15
+    generated, under a hash of its own), tail first. A needs a 7th block and takes B's 5th;
+    when A is done B is admitted again and its lookup, over its 81 tokens, covers 5 blocks
+    and finds its first 4: 4 re-hits, no reuse. The lookups of the first admissions are 8;
+    the old count adds B's second (13), so the old HBM hit rate is 4/13 where the reuse rate
+    is 0."""
     own = np.arange(11, 15, dtype=np.uint64)
     config = make_config("engine.kv_pool_blocks=11")
     result = simulate(config, two_requests(own, 0.0, 40))
     s = result.summary
     assert result.requests.preemptions.tolist() == [0, 1]
     assert s["recomputed_tokens"] == 65 + 15  # B's prompt and its 15 decodes before the 16th
-    assert s["prefix_reuse_lookup_blocks"] == 8 and s["prefix_lookup_blocks"] == 12
+    assert s["prefix_reuse_lookup_blocks"] == 8 and s["prefix_lookup_blocks"] == 13
     assert s["prefix_reuse_hit_tokens"] == 0
     assert s["prefix_rehit_tokens"] == 4 * BT == s["prefix_hit_tokens"]
     assert s["hbm_reuse_hit_rate"] == 0.0
-    assert s["hbm_hit_rate"] == pytest.approx(4 / 12)
+    assert s["hbm_hit_rate"] == pytest.approx(4 / 13)
 
 
 def test_a_shared_prefix_found_only_at_re_admission_is_a_re_hit():
     """As above, but B's prompt is A's: admitted in the same step, B finds nothing (A's
     blocks are not computed yet) and writes its own, unregistered copies (A's are the
-    index's). Preempted, B drops them, and at re-admission finds A's 4 blocks: re-hits,
-    not reuse, since its first admission's lookup found nothing."""
+    index's). Preempted, B drops them and keeps its 5th block cached under a hash of its
+    own (A's 7th block takes one of the 4 slots the copies left), and at re-admission finds
+    A's 4 blocks and its own 5th: re-hits, not reuse, since its first admission's lookup
+    found nothing."""
     result = simulate(make_config("engine.kv_pool_blocks=11"), two_requests(PREFIX, 0.0, 40))
     s = result.summary
     assert result.requests.preemptions.tolist() == [0, 1]
     assert s["prefix_reuse_lookup_blocks"] == 8
     assert s["prefix_reuse_hit_tokens"] == 0
-    assert s["prefix_rehit_tokens"] == 4 * BT
+    assert s["prefix_rehit_tokens"] == 5 * BT
 
 
 def reuse_ceiling(requests: Requests, admitted: np.ndarray, bt: int) -> tuple[int, int]:

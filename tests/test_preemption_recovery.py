@@ -1,7 +1,7 @@
 """A request preempted by recompute finds the blocks it wrote that are still cached, as vLLM
-V1's prefix cache gives them back, when its blocks have hashes: the workload's, or with
-``kv.hash_every_block`` hashes of its own (vLLM hashes every full block; a workload without
-prefix identity has none). Hand-computed on a 10-block pool of 16-token blocks:
+V1's prefix cache gives them back: vLLM hashes every full block, and kvsim gives a preempted
+request's blocks hashes of their own where the workload names none. Hand-computed on a
+10-block pool of 16-token blocks:
 
 r0 (64 prompt tokens) and r1 (48) are admitted together (4 + 3 blocks) and decode side by
 side. At r1's 17th token (position 64) r0 already holds 6 blocks, r1 4, and r1 needs a fifth:
@@ -17,14 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.errors import ConfigError
 from sim.kv.prefix import own_hashes
-from sim.run import simulate
+from sim.run import Simulation
 from sim.workload import build_requests
 from tests.conftest import make_config
 
 
-def _run(every_block: bool, r0_output: int) -> dict:
+def _run(prefix_caching: bool, r0_output: int) -> dict:
     workload = {
         "kind": "synthetic",
         "num_requests": 2,
@@ -33,14 +32,18 @@ def _run(every_block: bool, r0_output: int) -> dict:
         "output_tokens": 40,
     }
     config = make_config(
-        "engine.kv_pool_blocks=10", f"kv.hash_every_block={str(every_block).lower()}",
+        "engine.kv_pool_blocks=10", f"kv.prefix_caching={str(prefix_caching).lower()}",
         engine={"check": True}, workload=workload,
     )  # fmt: skip
     requests = build_requests(config.workload, config.seed, block_tokens=16)
     requests.prompt_tokens[:] = [64, 48]
     requests.output_tokens[:] = [r0_output, 40]
-    result = simulate(config, requests=requests)
+    engine = Simulation(config, requests)
+    result = engine.run()
     assert result.requests.preemptions.tolist() == [0, 1]
+    # once r1 has finished no one can find its blocks: none stays cached (or indexed)
+    assert not engine.kv.table.index and not engine.kv.tiers[0].evictable
+    assert engine.kv.index.owners == 0
     return result.summary
 
 
@@ -51,7 +54,7 @@ def test_a_preempted_request_finds_its_blocks_still_cached(r0_output, found):
     assert summary["prefix_rehit_tokens"] == found
 
 
-def test_without_hashes_a_preempted_request_computes_everything_again():
+def test_without_prefix_caching_a_preempted_request_computes_everything_again():
     summary = _run(False, 20)
     assert summary["recomputed_tokens"] == 64 and summary["prefix_rehit_tokens"] == 0
 
@@ -61,9 +64,3 @@ def test_own_hashes_are_distinct_and_never_zero():
     assert len(np.unique(grid)) == len(grid) == 90_000 and (grid != 0).all()
     # a request's hashes continue where its workload's stop, the same whatever the start
     assert np.array_equal(own_hashes(7, 5, 9), own_hashes(7, 0, 9)[5:])
-
-
-def test_hashing_every_block_needs_the_prefix_cache():
-    with pytest.raises(ConfigError) as error:
-        make_config("kv.prefix_caching=false", "kv.hash_every_block=true")
-    assert "kv.hash_every_block" in str(error.value) and "prefix_caching: true" in str(error.value)

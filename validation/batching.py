@@ -96,7 +96,7 @@ class Batcher:
         return self.prompt[rid] + self.generated[rid]
 
     def _preempt(self, rid: int) -> None:
-        self.kv.release(rid)
+        self.kv.preempt(rid, self._total(rid), self.computed[rid])
         self.computed[rid] = 0
         self.preemptions[rid] += 1
         self.waiting.appendleft(rid)
@@ -211,7 +211,7 @@ class Batcher:
                 if self.generated[rid] >= self.output[rid]:
                     done.append(rid)
         for rid in done:
-            self.kv.release(rid)
+            self.kv.finish(rid)
             self.running.remove(rid)
             self.finished.append(rid)
         return done

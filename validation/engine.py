@@ -97,15 +97,14 @@ def make_pools(config: RunConfig, requests: Requests, device: str) -> KvPools:
     """The pools of ``kv.mode``: with a prefix cache when prefix caching has hashes to use."""
     args = (config.model, config.engine.block_tokens)
     pools = (config.engine.kv_pool_blocks or 0, host_blocks(config, requests))
-    prefix = config.kv.prefix_caching and requests.prefix_hashes is not None
-    if prefix and config.kv.mode in ("hbm", "offload"):
-        hashes = requests.prefix_hashes
-        assert hashes is not None
+    if config.kv.prefix_caching and config.kv.mode in ("hbm", "offload"):
+        hashes = requests.prefix_hashes or [np.zeros(0, dtype=np.uint64)] * len(requests)
         if requests.output_hashes is not None:  # blocks filled while generating count too
             hashes = [np.concatenate(pair) for pair in zip(hashes, requests.output_hashes,
                                                             strict=True)]  # fmt: skip
         prompt = requests.prompt_tokens.astype(int).tolist()
-        return PrefixPools(*args, pools, config.kv.mode, (hashes, prompt), device)
+        output = requests.output_tokens.astype(int).tolist()
+        return PrefixPools(*args, pools, config.kv.mode, (list(hashes), prompt, output), device)
     return KvPools(*args, *pools, config.kv.mode, device)
 
 

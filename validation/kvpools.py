@@ -99,6 +99,14 @@ class KvPools:
     def register(self, rid: int, computed: int) -> None:
         """Make ``rid``'s completed blocks findable: nothing to do without a prefix cache."""
 
+    def preempt(self, rid: int, tokens: int, computed: int) -> None:
+        """``rid`` is preempted by recompute: without a prefix cache, :meth:`release`."""
+        self.release(rid)
+
+    def finish(self, rid: int) -> None:
+        """``rid`` is done: :meth:`release`."""
+        self.release(rid)
+
     def release(self, rid: int) -> None:
         """Free ``rid``'s blocks (and their device copies)."""
         for block in reversed(self.tables.pop(rid, [])):

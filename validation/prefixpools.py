@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from sim.config.model import ModelSpec
+from sim.kv.prefix import own_hashes
 from validation.kvpools import KvPools
 
 HBM, DRAM = 0, 1  # tiers, numbered as sim.memory.blocks numbers them
@@ -37,12 +38,18 @@ class PrefixPools(KvPools):
 
     def __init__(
         self, model: ModelSpec, block_tokens: int, pools: tuple[int, int], mode: str,
-        prefix: tuple[list[np.ndarray], list[int]], device: str = "cpu",
+        prefix: tuple[list[np.ndarray], list[int], list[int]], device: str = "cpu",
     ):  # fmt: skip
-        """``pools``: (device, host) blocks; ``prefix``: (hashes, prompt tokens) per request."""
+        """``pools``: (device, host) blocks; ``prefix``: (hashes, prompt tokens, output
+        tokens) per request."""
         device_blocks, host_blocks = pools
         super().__init__(model, block_tokens, device_blocks, host_blocks, mode, device)
-        self.hashes, self.prompt = prefix
+        self.hashes, self.prompt, output = prefix
+        self.lookup = list(self.prompt)  # tokens a lookup covers (all it had, once preempted)
+        self.blocks_ever = [
+            -(-(p + o) // block_tokens) for p, o in zip(self.prompt, output, strict=True)
+        ]
+        self.own_from: dict[int, int] = {}  # request -> its first hash of its own
         self.host_capacity = host_blocks if mode == "offload" else 0
         self.free_host = list(range(self.host_capacity - 1, -1, -1))
         self.slot: dict[int, int] = {}  # block -> device slot
@@ -131,12 +138,47 @@ class PrefixPools(KvPools):
             self._drop(b)
         self.registered[rid] = 0
 
+    def preempt(self, rid: int, tokens: int, computed: int) -> None:
+        """``rid`` is preempted by recompute holding ``tokens`` (``computed`` in its KV): its
+        blocks past the workload's hashes get hashes of their own (``own_hashes``, as the
+        simulator's), its full blocks are registered and stay cached, and its next lookup
+        covers all ``tokens``."""
+        hashes = self.hashes[rid]
+        if rid not in self.own_from:
+            self.own_from[rid] = len(hashes)
+            extra = own_hashes(rid, len(hashes), self.blocks_ever[rid])
+            self.hashes[rid] = np.concatenate((hashes, extra))
+        self.register(rid, computed)
+        self.release(rid)
+        self.lookup[rid] = tokens
+
+    def finish(self, rid: int) -> None:
+        """``rid`` is done: its blocks under hashes of its own, which no one else can find,
+        are freed (the others :meth:`release` as ever)."""
+        start = self.own_from.pop(rid, None)
+        if start is None:
+            self.release(rid)
+            return
+        own = [self.index[h] for h in self.hashes[rid][start:].tolist() if h in self.index]
+        for b in own:
+            del self.index[self.hash_of.pop(b)]
+        self.release(rid)
+        for b in own:  # cached and held by no one: out of both pools
+            if b in self.ref and self.ref[b] == 0:
+                if b in self.slot:
+                    self.hbm_lru.pop(b, None)
+                    self.free_slots.append(self.slot.pop(b))
+                if b in self.host_slot:
+                    self.dram_lru.pop(b, None)
+                    self.free_host.append(self.host_slot.pop(b))
+                self._drop(b)
+
     # --- prefix hits --------------------------------------------------------------------------
 
     def match(self, rid: int) -> list[tuple[int, int]]:
         """(block, tier) of the longest cached prefix of ``rid``'s prompt (one token left over)."""
         hashes = self.hashes[rid]
-        limit = min(len(hashes), (self.prompt[rid] - 1) // self.block_tokens)
+        limit = min(len(hashes), (self.lookup[rid] - 1) // self.block_tokens)
         hits = []
         for h in hashes[:limit].tolist():
             b = self.index.get(h)

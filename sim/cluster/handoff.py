@@ -150,5 +150,5 @@ class Handoffs:
         """The KV is on the decode instance and the prefill is over: the prefill instance
         lets its blocks go; the decode instance's request goes on."""
         self.landed_s[rid] = self.env.now
-        self.instances[self.prefill_of[rid]].kv.release(rid)
+        self.instances[self.prefill_of[rid]].kv.finish(rid)
         self._landed.pop(rid).succeed()

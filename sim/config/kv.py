@@ -142,7 +142,6 @@ class KvConfig(Strict):
     ssd_dtype: Dtype | None = None
     prefix_caching: bool = True
     hbm_prefix_caching: bool = True
-    hash_every_block: bool = False
     eviction: PolicySpec = "lru"
     prefetch: PrefetchSpec = "none"
     hbm: HbmTier = HbmTier()
@@ -192,16 +191,6 @@ class KvConfig(Strict):
                 "hbm_prefix_caching",
                 "hbm_prefix_caching: false drops a finished request's blocks from HBM at once, "
                 "so they must be in DRAM already: expected write_policy write_through",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _hashes_need_prefix_caching(self) -> KvConfig:
-        if self.hash_every_block and not self.prefix_caching:
-            raise KeyedValueError(
-                "hash_every_block",
-                "hash_every_block: true names every block for the prefix cache, which is off: "
-                "expected prefix_caching: true",
             )
         return self
 

@@ -204,7 +204,9 @@ class Scheduler:
     def _preempt(self, rid: int) -> None:
         """Preempt by swap (KV kept in DRAM) or recompute (KV dropped); back to the queue head."""
         tokens = int(self.prompt[rid] + self.generated[rid])
-        swapped = self.kv.preempt(rid, swap=self.engine.preemption == "swap", tokens=tokens)
+        swapped = self.kv.preempt(
+            rid, self.engine.preemption == "swap", tokens, int(self.computed[rid])
+        )
         if not swapped:
             self.recomputed_tokens += int(self.computed[rid])
             self.computed[rid] = 0
@@ -354,7 +356,7 @@ class Scheduler:
                     self.sending[rid] = False
                     self.prefilled(rid, now)  # type: ignore[misc]
                 else:
-                    self.kv.release(rid)
+                    self.kv.finish(rid)
                     left += 1
             if left and self.freed is not None:
                 self.freed(left, now)

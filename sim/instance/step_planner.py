@@ -46,8 +46,10 @@ class Tally(NamedTuple):
 
 
 def applies(engine: StepHost) -> bool:
-    """Whether ``engine``'s runs are planned a step at a time here: without prefix caching."""
-    return not engine.kv.prefix
+    """Whether ``engine``'s runs are planned a step at a time here: without prefix caching,
+    or with it but a workload that names no prefix (then a run is planned here while no
+    block is cached and no request holds hashes of its own: :meth:`StepPlanner.plan`)."""
+    return not engine.kv.prefix or not engine.kv.index.named
 
 
 def exact(engine: StepHost) -> bool:
@@ -103,7 +105,7 @@ class StepPlanner:
         e = self.e
         s, kv = e.scheduler, e.kv
         hbm = kv.tiers[HBM]
-        if hbm.evictable:  # (nothing is cached without prefix caching; be sure)
+        if hbm.evictable or kv.index.owners:  # a preempted request's blocks are cached
             return
         ids = s.running
         self.ids: list[int] = ids.tolist()
@@ -180,7 +182,7 @@ class StepPlanner:
     def _admit(self, now: float, budget: int, tokens: list[int]) -> None:
         """Admit waiting requests FCFS (:meth:`Scheduler._admit_waiting` without prefix
         caching: each holds nothing and starts at its first token); ``tokens`` gets theirs."""
-        s, bt = self.e.scheduler, self.bt
+        s, bt, admitted = self.e.scheduler, self.bt, self.e.kv.loads.admitted
         seats = self.seats - len(self.ids)
         while s.waiting and budget > 0 and seats > 0:
             rid = s.waiting[0]
@@ -190,6 +192,7 @@ class StepPlanner:
             s.waiting.popleft()
             s.computed[rid] = 0
             s.status[rid] = RUNNING
+            admitted[rid] = True  # its first admission (a lookup would find nothing)
             if np.isnan(s.scheduled_s[rid]):
                 s.scheduled_s[rid] = now
             self._grow(rid, 0, blocks)
@@ -301,7 +304,7 @@ class StepPlanner:
             s.status[rid] = FINISHED
             s.computed[rid] = self.computed[i]
             s.generated[rid] = self.generated[i]
-            kv.release(rid)
+            kv.finish(rid)
             self.available += self.held[i]
             self.resident -= self.held[i]
         if s.freed is not None:

@@ -57,9 +57,8 @@ class KvManager:
         self.mode = MODES[kv.mode](self)
         self.access = AccessModel(kv.access, rng)
         self.index = PrefixIndex(
-            table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers,
-            kv.hash_every_block,
-        )  # fmt: skip
+            table, requests, self.bt, kv.prefix_caching, self.mode.lookup_tiers
+        )
         self.prefix = self.index.enabled
         self.hbm_caches = kv.hbm_prefix_caching  # finished requests' blocks stay in HBM
         keeps = host.keeps_below[HBM]
@@ -182,19 +181,40 @@ class KvManager:
                     if len(here):
                         tier.make_evictable_many(here, now)
                 continue
-            if self.prefetch.active:
-                for b in run.tolist():
-                    self.prefetch.forget(b)
-            for tier in self.tiers:
-                tier.remove_many(run)
-            t.drop_many(run)
+            self._drop(run)
 
-    def preempt(self, rid: int, swap: bool, tokens: int | None = None) -> bool:
-        """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped;
-        else its next prefix lookup covers the ``tokens`` it had (prompt and output so far;
-        None: its prompt)."""
+    def _drop(self, run: np.ndarray) -> None:
+        """Blocks no one holds or can find: out of every tier and the table."""
+        if self.prefetch.active:
+            for b in run.tolist():
+                self.prefetch.forget(b)
+        for tier in self.tiers:
+            tier.remove_many(run)
+        self.table.drop_many(run)
+
+    def finish(self, rid: int) -> None:
+        """``rid`` is done: :meth:`release` its blocks, and drop at once those under hashes
+        of its own (:meth:`PrefixIndex.give_own`), which no one else can find."""
+        own = self.index.own_blocks(rid)
+        self.index.finished(rid)
+        if len(own):
+            self.table.forget(own)
+            self.release(rid)
+            orphans = own[self.table.ref[own] <= 0]
+            self._drop(orphans[self.table.owner[orphans] >= 0])
+            return
+        self.release(rid)
+
+    def preempt(self, rid: int, swap: bool, tokens: int | None = None, computed: int = 0) -> bool:
+        """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped.
+        By recompute (``tokens``: prompt and output so far; ``computed``: those in its KV),
+        its full blocks get hashes of their own if they have none (vLLM hashes every full
+        block) and stay cached, tail first, and its next lookup covers all ``tokens``."""
         if swap and self.mode.can_swap and self.swap.swap_out(rid):
             return True
+        if tokens is not None and self.prefix:
+            self.index.give_own(rid)
+            self.register(rid, computed)
         self.release(rid)
         if tokens is not None:
             self.index.preempted(rid, tokens)

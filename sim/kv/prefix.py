@@ -36,25 +36,17 @@ NO_HITS = PrefixHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 NO_HASHES = np.zeros(0, dtype=np.uint64)
 
 
-def prefix_hashes(
-    requests: Requests, enabled: bool, every_block: bool = False, block_tokens: int = 16
-) -> list[np.ndarray] | None:
+def prefix_hashes(requests: Requests, enabled: bool) -> list[np.ndarray]:
     """Each request's block hashes that can ever be registered: its prompt's, and (with
     prefix caching) those of blocks that fill up while generating (the next turn's prompt);
-    with ``every_block``, its blocks past those get hashes of their own (:func:`own_hashes`)."""
+    none where the workload names no prefix (a request may get its own when preempted:
+    :meth:`PrefixIndex.give_own`)."""
     hashes = requests.prefix_hashes
-    if enabled and hashes is not None and requests.output_hashes is not None:
-        hashes = [
-            np.concatenate((p, o)) for p, o in zip(hashes, requests.output_hashes, strict=True)
-        ]
-    if not (enabled and every_block):
-        return hashes
-    totals = -(-(requests.prompt_tokens + requests.output_tokens) // block_tokens)
-    known = [NO_HASHES] * len(requests) if hashes is None else hashes
-    return [
-        np.concatenate((h, own_hashes(rid, len(h), int(total))))
-        for rid, (h, total) in enumerate(zip(known, totals.tolist(), strict=True))
-    ]
+    if hashes is None:
+        return [NO_HASHES] * len(requests)
+    if enabled and requests.output_hashes is not None:
+        return [np.concatenate((p, o)) for p, o in zip(hashes, requests.output_hashes, strict=True)]
+    return list(hashes)
 
 
 def own_hashes(rid: int, start: int, stop: int) -> np.ndarray:
@@ -72,7 +64,7 @@ def own_hashes(rid: int, start: int, stop: int) -> np.ndarray:
 def hashed_block_counts(requests: Requests, enabled: bool) -> np.ndarray:
     """How many blocks of each request :func:`prefix_hashes` names (counted, not joined)."""
     if requests.prefix_hashes is None:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(len(requests), dtype=np.int64)
     counts = np.array([len(h) for h in requests.prefix_hashes], dtype=np.int64)
     if enabled and requests.output_hashes is not None:
         counts += np.array([len(h) for h in requests.output_hashes], dtype=np.int64)
@@ -102,27 +94,56 @@ class PrefixIndex:
 
     def __init__(
         self, table: BlockTable, requests: Requests, block_tokens: int, enabled: bool,
-        lookup_tiers: int, every_block: bool = False,
+        lookup_tiers: int,
     ):  # fmt: skip
         self.table = table
         self.bt = block_tokens
-        self.enabled = enabled and (requests.prefix_hashes is not None or every_block)
+        self.enabled = enabled
+        self.named = requests.prefix_hashes is not None  # the workload names prefixes
         self.lookup_tiers = lookup_tiers  # tiers a hit may be read from (HBM first)
-        self.hashes = prefix_hashes(requests, self.enabled, every_block, block_tokens)
+        self.hashes = prefix_hashes(requests, enabled)
         # blocks of each request that can ever be registered (its hashes)
-        self.hashed_blocks = (
-            np.array([len(h) for h in self.hashes], dtype=np.int64)
-            if self.enabled and every_block
-            else hashed_block_counts(requests, self.enabled)
-        )
+        self.hashed_blocks = hashed_block_counts(requests, enabled)
+        self.prompt = requests.prompt_tokens
         # tokens a lookup covers: the prompt; after a recompute preemption, all it had
         self.lookup_tokens = requests.prompt_tokens.astype(np.int64)  # (a copy)
+        self.blocks_ever = -(-(requests.prompt_tokens + requests.output_tokens) // block_tokens)
+        self.own_from = np.full(len(requests), -1, dtype=np.int64)  # its first own hash
+        self.owners = 0  # unfinished requests that hold hashes of their own
         self.registered = np.zeros(len(requests), dtype=np.int64)
         self._memo: dict[int, tuple[int, np.ndarray]] = {}  # rid -> (index version, ids)
 
     def lookup_blocks(self, rid: int) -> int:
         """Blocks a lookup of ``rid``'s prompt covers (its full blocks but the last token)."""
         return min(len(self.hashes[rid]), (int(self.lookup_tokens[rid]) - 1) // self.bt)
+
+    def give_own(self, rid: int) -> None:
+        """Hashes of its own for ``rid``'s blocks past the workload's (all of them where the
+        workload names none), as vLLM hashes every full block: unique to ``rid``, so only it
+        can find them, after a recompute preemption."""
+        if self.own_from[rid] >= 0:
+            return
+        hashes, total = self.hashes[rid], int(self.blocks_ever[rid])
+        self.own_from[rid] = len(hashes)
+        self.owners += 1
+        if total > len(hashes):
+            self.hashes[rid] = np.concatenate((hashes, own_hashes(rid, len(hashes), total)))
+            self.hashed_blocks[rid] = total
+        self._memo.pop(rid, None)
+
+    def own_blocks(self, rid: int) -> np.ndarray:
+        """The blocks the index holds under ``rid``'s own hashes (none if it has none)."""
+        start = int(self.own_from[rid])
+        if start < 0:
+            return np.zeros(0, dtype=np.int64)
+        got = map(self.table.index.get, self.hashes[rid][start:].tolist())
+        return np.array([b for b in got if b is not None], dtype=np.int64)
+
+    def finished(self, rid: int) -> None:
+        """``rid`` is done: its own hashes can be found by no one any more."""
+        if self.own_from[rid] >= 0:
+            self.owners -= 1
+            self.own_from[rid] = -1
 
     def preempted(self, rid: int, tokens: int) -> None:
         """``rid`` lost its KV to a recompute preemption holding ``tokens`` tokens (prompt

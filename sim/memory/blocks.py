@@ -178,6 +178,14 @@ class BlockTable:
         self.hash[blocks] = hashes
         self.index_version += len(blocks)
 
+    def forget(self, blocks: np.ndarray) -> None:
+        """``blocks`` can be found by no one any more: unregister their hashes."""
+        for b, h in zip(blocks.tolist(), self.hash[blocks].tolist(), strict=True):
+            if h != NO_HASH and self.index.get(h) == b:
+                del self.index[h]
+                self.index_version += 1
+        self.hash[blocks] = NO_HASH
+
     def drop(self, b: int) -> None:
         """The block left every tier and no request uses it: forget it, recycle its id."""
         h = int(self.hash[b])

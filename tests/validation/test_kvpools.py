@@ -68,8 +68,9 @@ def test_a_step_larger_than_the_device_pool_is_refused():
 def prefix_pools(device_blocks: int, host_blocks: int, hashes: list[list[int]]) -> PrefixPools:
     """Offload pools over requests whose prompt blocks carry ``hashes`` (prompts of 8 blocks)."""
     arrays = [np.array(h, dtype=np.uint64) for h in hashes]
-    prompt = [8 * BT] * len(hashes)
-    return PrefixPools(TINY, BT, (device_blocks, host_blocks), "offload", (arrays, prompt))
+    prompt, output = [8 * BT] * len(hashes), [1] * len(hashes)
+    prefix = (arrays, prompt, output)
+    return PrefixPools(TINY, BT, (device_blocks, host_blocks), "offload", prefix)
 
 
 def test_offload_writes_through_evicts_and_loads_back_the_same_values():

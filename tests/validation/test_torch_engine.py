@@ -176,6 +176,20 @@ def test_engine_takes_the_simulators_steps(mode, pool, budget):
     assert run.steps.d2h_bytes.sum() == expected == sim.summary["d2h_bytes"]
 
 
+@pytest.mark.parametrize("mode", ["hbm", "offload"])
+def test_preempted_requests_of_a_hashless_workload_find_their_own_blocks_in_both(mode):
+    """Distinct prompts (no prefix identity) in a 12-block pool, prefix caching on: the
+    requests preempted by recompute find their blocks again (hashes of their own) in the
+    mini-engine as in the simulator, on the same steps, moving the same bytes."""
+    kv = {"prefix_caching": True, "ssd_capacity": 0}
+    if mode == "offload":
+        kv["dram_capacity"] = 30 * BLOCK
+    run, sim = run_beside_the_simulator(config(mode, 12, budget=32, requests=8, **kv))
+    assert run.preemptions > 0 and sim.summary["prefix_rehit_tokens"] > 0
+    assert run.steps.h2d_bytes.sum() == sim.summary["h2d_bytes"]
+    assert run.steps.d2h_bytes.sum() == sim.summary["d2h_bytes"]
+
+
 @pytest.mark.parametrize(
     ("mode", "pool", "seqs", "budget"),
     [("offload", 24, 2, 32), ("offload", 24, 4, 64), ("offload", 16, 1, 32), ("hbm", 16, 2, 32)],
