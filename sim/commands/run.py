@@ -29,7 +29,11 @@ SUMMARY_ROWS = (
         ("hbm_reuse_hit_rate", "dram_reuse_hit_rate", "ssd_reuse_hit_rate"),
         "rates",
     ),
-    ("prefix hits HBM / DRAM / SSD", ("hbm_hit_rate", "dram_hit_rate", "ssd_hit_rate"), "rates"),
+    (  # every admission's lookups: a preempted request's re-hits of its own blocks too
+        "hits with re-hits HBM / DRAM / SSD",
+        ("hbm_hit_rate", "dram_hit_rate", "ssd_hit_rate"),
+        "rates",
+    ),
     ("host link H2D / D2H", ("h2d_bytes", "d2h_bytes"), "bytes"),
     ("stall", "stall_s", "{:.2f} s"),
     ("simulated time", "sim_time_s", "{:.1f} s"),
