@@ -122,14 +122,17 @@ class ClosedLoopFeed:
             return math.inf
         return max(float(self.earliest_s[self.handed]), self.slots[0])
 
+    def _reach(self, sent: float) -> float:
+        """When the next request, sent at ``sent``, reaches the scheduler."""
+        if sent == math.inf:
+            return sent
+        return max(sent + float(self.frontend_s[self.handed]), self.reached_s)
+
     @property
     def next_arrival_s(self) -> float:
         """When the next request reaches the scheduler (inf: none is left, or no slot is free
         yet)."""
-        sent = self._next_sent_s
-        if sent == math.inf:
-            return sent
-        return max(sent + float(self.frontend_s[self.handed]), self.reached_s)
+        return self._reach(self._next_sent_s)
 
     def freed(self, count: int, at: float | None) -> None:
         """``count`` requests left the engine at ``at`` (None: as they reached it)."""
@@ -142,9 +145,11 @@ class ClosedLoopFeed:
         """Send, in order, the requests that reach the scheduler before ``before`` (or at
         it); how many."""
         handed = 0
-        while (at := self.next_arrival_s) < before or (inclusive and at == before):
+        while (at := self._reach(sent := self._next_sent_s)) < before or (
+            inclusive and at == before
+        ):
             rid = self.handed
-            self.arrival_s[rid] = self._next_sent_s
+            self.arrival_s[rid] = sent
             heapq.heappop(self.slots)
             self.reached_s = at
             self.handed += 1

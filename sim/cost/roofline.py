@@ -219,14 +219,26 @@ def gemm_work_seconds(
     """The roofline part of :func:`gemm_seconds` (its fixed latency left out):
     ``blend(compute, memory)`` of one GEMM of ``fan_in x fan_out`` weights over ``rows`` rows."""
     act = dtype_bytes if act_bytes is None else act_bytes
-    flops = 2.0 * rows * fan_in * fan_out
-    weights = fan_in * fan_out * weight_passes(p, rows)  # once, or per row block
-    traffic = weights * dtype_bytes + rows * (fan_in + fan_out) * act
-    rate = p.gemm_fp8_flops if dtype_bytes == FP8_WIDTH and act > FP8_WIDTH else p.gemm_flops
-    compute, memory = flops / rate, traffic / p.gemm_bandwidth
+    compute, memory = gemm_parts(p, rows, rows, fan_in, fan_out, dtype_bytes, act)
     if math.isinf(p.gemm_blend):
         return max(compute, memory)
     return blend(compute, memory, p.gemm_blend)
+
+
+def gemm_parts(
+    p: CostParams, flop_rows: float, rows: float, fan_in: float, fan_out: float,
+    dtype_bytes: float, act_bytes: float, copies: float = 1.0,
+) -> tuple[float, float]:  # fmt: skip
+    """(compute, memory) seconds of ``copies`` GEMMs of ``fan_in x fan_out`` weights that share
+    ``rows`` rows (one GEMM, or a fused-MoE call's touched experts): ``flop_rows`` rows' FLOPs
+    (``rows``, or the MoE kernel's padded rows) at the GEMM rate (fp8 weights under wider
+    activations at the fp8 rate); every copy's weights (read once, or per row block on a CPU)
+    and the rows' activations at the weight-streaming bandwidth."""
+    flops = 2.0 * flop_rows * fan_in * fan_out
+    weights = fan_in * fan_out * weight_passes(p, rows / copies)  # once, or per row block
+    traffic = copies * weights * dtype_bytes + rows * (fan_in + fan_out) * act_bytes
+    fp8 = dtype_bytes == FP8_WIDTH and act_bytes > FP8_WIDTH
+    return flops / (p.gemm_fp8_flops if fp8 else p.gemm_flops), traffic / p.gemm_bandwidth
 
 
 def weight_passes(p: CostParams, tokens: float) -> int:
@@ -271,21 +283,6 @@ def moe_padded_rows(tokens: int, top_k: int, experts: int, block: int) -> float:
     pmf = np.exp(first + np.concatenate(([0.0], np.cumsum(steps))))
     tiles = float(np.dot(pmf, np.ceil(n / block)) / pmf.sum())
     return experts * block * tiles
-
-
-def fused_moe_gemm_parts(
-    p: CostParams, routed: float, padded: float, touched: float, fan_in: float,
-    fan_out: float, dtype_bytes: float, act_bytes: float,
-) -> tuple[float, float]:  # fmt: skip
-    """(compute, memory) seconds of one expert GEMM of a fused-MoE call, every touched expert
-    at once, before ``moe_gemm`` and ``moe_gemm_memory``: the ``padded`` rows' FLOPs at the
-    GEMM rate; the touched experts' weights (read once, or per row block on a CPU) and the
-    ``routed`` rows' activations at the weight-streaming bandwidth."""
-    flops = 2.0 * padded * fan_in * fan_out
-    weights = fan_in * fan_out * weight_passes(p, routed / touched)
-    traffic = touched * weights * dtype_bytes + routed * (fan_in + fan_out) * act_bytes
-    fp8 = dtype_bytes == FP8_WIDTH and act_bytes > FP8_WIDTH
-    return flops / (p.gemm_fp8_flops if fp8 else p.gemm_flops), traffic / p.gemm_bandwidth
 
 
 def kernel_seconds(
@@ -364,7 +361,7 @@ class CostModel:
 
     def routed_experts_parts(self, tokens: int) -> list[tuple[float, float]]:
         """(compute, memory) seconds of each expert GEMM of one layer's fused-MoE call
-        (:func:`fused_moe_gemm_parts`), before ``moe_gemm`` and ``moe_gemm_memory``: its FLOPs
+        (:func:`gemm_parts`), before ``moe_gemm`` and ``moe_gemm_memory``: its FLOPs
         on the rows padded to the tile height (:func:`moe_padded_rows`,
         :func:`moe_block_rows`), the touched experts' weights read once."""
         m, moe = self.model, self.model.moe
@@ -378,7 +375,7 @@ class CostModel:
         padded = moe_padded_rows(tokens, moe.top_k, moe.experts, block)
         p, width, act = self.params, m.dtype_bytes, m.act_bytes
         return [
-            fused_moe_gemm_parts(p, routed, padded, touched, i, o, width, act)
+            gemm_parts(p, padded, routed, i, o, width, act, touched)
             for i, o in m.mlp_gemms(moe.expert_intermediate)
         ]
 

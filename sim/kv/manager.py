@@ -195,15 +195,13 @@ class KvManager:
     def finish(self, rid: int) -> None:
         """``rid`` is done: :meth:`release` its blocks, and drop at once those under hashes
         of its own (:meth:`PrefixIndex.give_own`), which no one else can find."""
-        own = self.index.own_blocks(rid)
-        self.index.finished(rid)
+        own = self.index.finished(rid)
         if len(own):
             self.table.forget(own)
-            self.release(rid)
+        self.release(rid)
+        if len(own):  # those it no longer held, cached: held by no one, dropped by no one yet
             orphans = own[self.table.ref[own] <= 0]
             self._drop(orphans[self.table.owner[orphans] >= 0])
-            return
-        self.release(rid)
 
     def preempt(self, rid: int, swap: bool, tokens: int | None = None, computed: int = 0) -> bool:
         """Free ``rid``'s home blocks; with ``swap`` keep its KV in DRAM. True if swapped.

@@ -34,6 +34,7 @@ class PrefixHits:
 
 NO_HITS = PrefixHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 NO_HASHES = np.zeros(0, dtype=np.uint64)
+NO_BLOCKS = np.zeros(0, dtype=np.int64)
 
 
 def prefix_hashes(requests: Requests, enabled: bool) -> list[np.ndarray]:
@@ -131,19 +132,16 @@ class PrefixIndex:
             self.hashed_blocks[rid] = total
         self._memo.pop(rid, None)
 
-    def own_blocks(self, rid: int) -> np.ndarray:
-        """The blocks the index holds under ``rid``'s own hashes (none if it has none)."""
+    def finished(self, rid: int) -> np.ndarray:
+        """``rid`` is done: no one can find its own hashes any more. Returns the blocks the
+        index holds under them (none if it has none)."""
         start = int(self.own_from[rid])
         if start < 0:
-            return np.zeros(0, dtype=np.int64)
+            return NO_BLOCKS
+        self.owners -= 1
+        self.own_from[rid] = -1
         got = map(self.table.index.get, self.hashes[rid][start:].tolist())
         return np.array([b for b in got if b is not None], dtype=np.int64)
-
-    def finished(self, rid: int) -> None:
-        """``rid`` is done: its own hashes can be found by no one any more."""
-        if self.own_from[rid] >= 0:
-            self.owners -= 1
-            self.own_from[rid] = -1
 
     def preempted(self, rid: int, tokens: int) -> None:
         """``rid`` lost its KV to a recompute preemption holding ``tokens`` tokens (prompt

@@ -15,7 +15,7 @@ from itertools import count
 
 import simpy
 
-from sim.config.hardware import HardwareSpec
+from sim.config.hardware import Direction, HardwareSpec
 
 _DONE_BYTES = 1e-3  # bytes left below which a transfer counts as delivered (float rounding)
 
@@ -143,9 +143,14 @@ class Links:
         """Links with the profile's bandwidths, latencies and chunk efficiency (each
         direction's as its copier moves the bytes: ``hardware.link.copy_path``)."""
         link, ssd = hw.link, hw.ssd
+
+        def host(direction: Direction) -> Link:
+            bandwidth, half, blend = link.copy_path(direction)
+            return Link(env, direction, bandwidth, link.latency, half, blend)
+
         return cls(
-            h2d=Link(env, "h2d", *_path(link.copy_path("h2d"), link.latency)),
-            d2h=Link(env, "d2h", *_path(link.copy_path("d2h"), link.latency)),
+            h2d=host("h2d"),
+            d2h=host("d2h"),
             ssd_read=Link(env, "ssd_read", ssd.read, ssd.latency),
             ssd_write=Link(env, "ssd_write", ssd.write, ssd.latency),
         )
@@ -153,9 +158,3 @@ class Links:
     def all(self) -> tuple[Link, ...]:
         """Every direction."""
         return (self.h2d, self.d2h, self.ssd_read, self.ssd_write)
-
-
-def _path(path: tuple[float, float, float], latency: float) -> tuple[float, float, float, float]:
-    """A :class:`Link`'s (bandwidth, latency, half_efficiency_bytes, blend)."""
-    bandwidth, half, blend = path
-    return bandwidth, latency, half, blend
