@@ -135,13 +135,14 @@ FIT_PROVENANCE = (
         "Llama-2-7b-hf/attention.csv) (same CSV and fit)",
     ),
     (
-        "`efficiency.moe_gemm`, `efficiency.moe_gemm_memory`, `efficiency.moe_latency` "
-        "(fused-MoE routed experts, on rows padded to the tile height, vs the dense GEMM's "
-        "rate and bandwidth; the call's fixed time)",
-        "h100-sxm, a100-80g-sxm (h100-pcie, h200-sxm, gh200 carry h100-sxm's three; a40, l40s, "
-        "rtx3090 carry its call time)",
+        "`efficiency.moe_gemm`, `efficiency.moe_gemm_memory`, `efficiency.moe_row_time`, "
+        "`efficiency.moe_latency` (fused-MoE routed experts, on rows padded to the tile height, "
+        "vs the dense GEMM's rate and bandwidth; a time per padded row; the call's fixed time)",
+        "h100-sxm with the h200-sxm rows, a100-80g-sxm (h100-pcie, h200-sxm, gh200 carry "
+        "h100-sxm's four; a40, l40s, rtx3090 carry its call time)",
         "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times: Mixtral-8x7B at TP 2 "
-        "on H100, vllm-project/vllm#24700; Qwen3-Coder-30B-A3B on an A100-SXM4-80GB, "
+        "on H100, vllm-project/vllm#24700, with Gemma-4-26B-A4B's 128 small experts on H200, "
+        "vllm-project/vllm#44818; Qwen3-Coder-30B-A3B on an A100-SXM4-80GB, "
         "YangLiuWillow/pie tuned_moe/VALIDATION.md (validation/data/moe_kernels.csv, "
         "`python -m validation.moefit`)",
     ),

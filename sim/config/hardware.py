@@ -200,8 +200,11 @@ class Efficiency(Strict):
     GEMM per expert: each expert GEMM one roofline over the touched experts, its FLOPs on the
     rows padded to the kernel's tile height, no per-GEMM latency. ``moe_gemm`` scales that
     roofline's compute rate (the GEMM rate), ``moe_gemm_memory`` its weight-streaming rate
-    (the GEMM bandwidth), both 1 by default; ``moe_latency`` is the call's fixed time per MoE
-    layer (routing top-k, token sort, the top-k sum), 0 by default.
+    (the GEMM bandwidth), both 1 by default; ``moe_row_time`` adds to each expert GEMM's
+    compute a time per padded routed row (the gathered rows' loads and the scattered,
+    weighted results, which the tile's math does not hide), 0 by default; ``moe_latency`` is
+    the call's fixed time per MoE layer (routing top-k, token sort, the top-k sum), 0 by
+    default.
     """
 
     gemm: float = Field(0.7, gt=0, le=1)
@@ -222,6 +225,7 @@ class Efficiency(Strict):
     moe_gemm: float = Field(1.0, gt=0, le=10)
     moe_gemm_memory: float = Field(1.0, gt=0, le=10)
     moe_latency: KernelSeconds = 0.0
+    moe_row_time: KernelSeconds = 0.0
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
 
     @model_validator(mode="after")

@@ -118,6 +118,7 @@ class CostParams:
     moe_gemm_efficiency: float = 1.0
     moe_latency_s: float = 0.0
     moe_memory_efficiency: float = 1.0
+    moe_row_s: float = 0.0  # efficiency.moe_row_time
     sampler_bytes_per_logit: float = SAMPLER_BYTES_PER_LOGIT  # engine.sampler_bytes_per_logit
 
     @classmethod
@@ -150,6 +151,7 @@ class CostParams:
             moe_gemm_efficiency=eff.moe_gemm,
             moe_latency_s=eff.moe_latency,
             moe_memory_efficiency=eff.moe_gemm_memory,
+            moe_row_s=eff.moe_row_time,
         )
 
     @property
@@ -359,20 +361,27 @@ class CostModel:
     def _gemms_time(self, tokens: float, gemms: tuple[tuple[int, int], ...]) -> float:
         return sum(self.gemm_time(tokens, i, o) for i, o in gemms)
 
-    def routed_experts_parts(self, tokens: int) -> list[tuple[float, float]]:
-        """(compute, memory) seconds of each expert GEMM of one layer's fused-MoE call
-        (:func:`gemm_parts`), before ``moe_gemm`` and ``moe_gemm_memory``: its FLOPs
-        on the rows padded to the tile height (:func:`moe_padded_rows`,
-        :func:`moe_block_rows`), the touched experts' weights read once."""
-        m, moe = self.model, self.model.moe
+    def routed_rows(self, tokens: int) -> tuple[float, float, float]:
+        """(touched experts, routed rows, rows padded to the tile height) of one layer's
+        fused-MoE call over ``tokens`` tokens (:func:`moe_padded_rows`, :func:`moe_block_rows`)."""
+        moe = self.model.moe
         assert moe is not None
-        if tokens <= 0:
-            return []
         routed = tokens * moe.top_k
         # each token picks top_k distinct experts: P(expert unused) = (1 - k/E)^tokens
         touched = moe.experts * (1.0 - (1.0 - moe.top_k / moe.experts) ** tokens)
         block = moe_block_rows(routed / touched)
-        padded = moe_padded_rows(tokens, moe.top_k, moe.experts, block)
+        return touched, routed, moe_padded_rows(tokens, moe.top_k, moe.experts, block)
+
+    def routed_experts_parts(self, tokens: int) -> list[tuple[float, float]]:
+        """(compute, memory) seconds of each expert GEMM of one layer's fused-MoE call
+        (:func:`gemm_parts`), before ``moe_gemm``, ``moe_gemm_memory`` and ``moe_row_time``:
+        its FLOPs on the rows padded to the tile height (:meth:`routed_rows`), the touched
+        experts' weights read once."""
+        m, moe = self.model, self.model.moe
+        assert moe is not None
+        if tokens <= 0:
+            return []
+        touched, routed, padded = self.routed_rows(tokens)
         p, width, act = self.params, m.dtype_bytes, m.act_bytes
         return [
             gemm_parts(p, padded, routed, i, o, width, act, touched)
@@ -381,12 +390,18 @@ class CostModel:
 
     def routed_experts_time(self, tokens: int) -> float:
         """One layer's routed experts as one fused-MoE kernel (docs/cost-model.md): each
-        expert GEMM's roofline (:meth:`routed_experts_parts`), its compute at ``moe_gemm`` and
-        its memory at ``moe_gemm_memory`` times the dense GEMM's, blended as a GEMM is; no
-        fixed time per expert."""
+        expert GEMM's roofline (:meth:`routed_experts_parts`), its compute at ``moe_gemm`` times
+        the dense GEMM's plus ``moe_row_time`` per padded row, its memory at
+        ``moe_gemm_memory`` times the dense GEMM's, blended as a GEMM is; no fixed time per
+        expert."""
         p = self.params
+        rows = self.routed_rows(tokens)[2] * p.moe_row_s if tokens > 0 else 0.0
         return sum(
-            blend(compute / p.moe_gemm_efficiency, memory / p.moe_memory_efficiency, p.gemm_blend)
+            blend(
+                compute / p.moe_gemm_efficiency + rows,
+                memory / p.moe_memory_efficiency,
+                p.gemm_blend,
+            )
             for compute, memory in self.routed_experts_parts(tokens)
         )
 

@@ -1,5 +1,6 @@
 """The fused-MoE routed experts: one roofline over the touched experts, its FLOPs on the rows
-padded to the kernel's tile height, compute at ``efficiency.moe_gemm`` and weight streaming at
+padded to the kernel's tile height, compute at ``efficiency.moe_gemm`` times the dense GEMM's
+plus ``efficiency.moe_row_time`` per padded row, weight streaming at
 ``efficiency.moe_gemm_memory`` times the dense GEMM's, plus ``efficiency.moe_latency`` per call;
 their fit to published kernel times, and the profiles that carry them."""
 
@@ -30,12 +31,18 @@ def a100_fit():
     return moefit.fit("a100-80g-sxm")
 
 
-def _mixtral(params: CostParams, e: float = 1.0, latency: float = 0.0, em: float = 1.0):
+def _mixtral(
+    params: CostParams, e: float = 1.0, latency: float = 0.0, em: float = 1.0, row: float = 0.0
+):
     shard = shard_model(load_model("mixtral-8x7b"), 2)
     return CostModel(
         shard,
         dataclasses.replace(
-            params, moe_gemm_efficiency=e, moe_memory_efficiency=em, moe_latency_s=latency
+            params,
+            moe_gemm_efficiency=e,
+            moe_memory_efficiency=em,
+            moe_latency_s=latency,
+            moe_row_s=row,
         ),
     )
 
@@ -125,8 +132,9 @@ def test_the_tile_rule_is_the_tuned_configs_choice():
 def test_the_fused_call_is_one_padded_roofline_over_the_touched_experts(cost_params, tokens):
     """Mixtral at TP 2 (8 experts of 7168 per GPU, top-2), written out by hand: each expert
     GEMM's FLOPs over the routed rows padded to the tile height, the touched experts' weights
-    read once and the routed rows' activations, as one roofline, compute at e and memory at
-    e_m times the dense GEMM's; no per-GEMM latency, however many experts the call touches."""
+    read once and the routed rows' activations, as one roofline, compute at e times the dense
+    GEMM's plus 3 ns per padded row, memory at e_m times the dense GEMM's; no per-GEMM
+    latency, however many experts the call touches."""
     params = dataclasses.replace(cost_params, gemm_latency_s=1e-3)  # paid by dense GEMMs only
     touched = 8 * (1 - (1 - 2 / 8) ** tokens)
     routed = 2 * tokens
@@ -137,8 +145,9 @@ def test_the_fused_call_is_one_padded_roofline_over_the_touched_experts(cost_par
     for fan_in, fan_out in ((4096, 2 * 7168), (7168, 4096)):
         flops = 2 * padded * fan_in * fan_out
         traffic = touched * fan_in * fan_out * 2 + routed * (fan_in + fan_out) * 2
-        expected += max(flops / (params.gemm_flops * 1.5), traffic / (params.gemm_bandwidth * 0.8))
-    got = _mixtral(params, e=1.5, em=0.8).routed_experts_time(tokens)
+        compute = flops / (params.gemm_flops * 1.5) + padded * 3e-9
+        expected += max(compute, traffic / (params.gemm_bandwidth * 0.8))
+    got = _mixtral(params, e=1.5, em=0.8, row=3e-9).routed_experts_time(tokens)
     assert got == pytest.approx(expected, rel=1e-9)
 
 
@@ -173,142 +182,219 @@ def test_the_call_latency_is_paid_once_per_moe_layer(cost_params):
     assert old.routed_experts_time(0) == 0.0
 
 
+def test_the_row_time_adds_to_the_compute_side_only(cost_params):
+    """At 4096 tokens (compute-bound, hard max) each of Mixtral's two expert GEMMs adds its
+    padded rows x r; at one token (memory-bound: two 16-row tiles, 32 rows) 1 ns a row hides
+    under the weights' streaming."""
+    base, rowed = _mixtral(cost_params), _mixtral(cost_params, row=2e-9)
+    padded = base.routed_rows(4096)[2]
+    assert rowed.routed_experts_time(4096) == pytest.approx(
+        base.routed_experts_time(4096) + 2 * padded * 2e-9, rel=1e-12
+    )
+    assert base.routed_rows(1)[2] == pytest.approx(32.0, rel=1e-12)
+    assert _mixtral(cost_params, row=1e-9).routed_experts_time(1) == base.routed_experts_time(1)
+    assert rowed.routed_experts_time(0) == 0.0
+
+
 def test_the_defaults_are_the_bare_fused_roofline(cost_params):
     params = CostParams.from_hardware(load_hardware("mi300x"))
     assert params.moe_gemm_efficiency == params.moe_memory_efficiency == 1.0
-    assert params.moe_latency_s == 0.0
+    assert params.moe_latency_s == params.moe_row_s == 0.0
     assert Efficiency().moe_gemm == Efficiency().moe_gemm_memory == 1.0
-    assert Efficiency().moe_latency == 0.0
-    for bad in ({"moe_gemm": 0.0}, {"moe_gemm_memory": 0.0}, {"moe_latency": -1e-6}):
+    assert Efficiency().moe_latency == Efficiency().moe_row_time == 0.0
+    bad_values = (
+        {"moe_gemm": 0.0}, {"moe_gemm_memory": 0.0}, {"moe_latency": -1e-6},
+        {"moe_row_time": -1e-9},
+    )  # fmt: skip
+    for bad in bad_values:
         with pytest.raises(ValueError):
             Efficiency(**bad)
 
 
-def _synthetic(compute, memory, t):
+def _synthetic(compute, memory, t, rows=None):
     """Parts of one GEMM a row, no activation, the hard max."""
-    rows = [[(c, m)] for c, m in zip(compute, memory, strict=True)]
+    gemms = [[(c, m)] for c, m in zip(compute, memory, strict=True)]
     zeros = np.zeros(len(t))
-    return moefit.Parts(rows, math.inf, zeros, zeros)
+    padded = zeros if rows is None else np.asarray(rows, dtype=float)
+    return moefit.Parts(gemms, np.full(len(t), math.inf), zeros, zeros, padded)
 
 
 def test_the_fit_recovers_known_parameters():
     """Rows priced by hand at e = 1.25, e_m = 0.8, l = 20 us under the hard max: the first three
     memory-bound (memory / 0.8 above compute / 1.25), the last three compute-bound. The fit
-    returns the three exactly."""
+    returns the three exactly, and no time per row."""
     compute = np.array([10e-6, 20e-6, 40e-6, 400e-6, 800e-6, 1600e-6])
     memory = np.array([100e-6, 110e-6, 130e-6, 150e-6, 200e-6, 300e-6])
+    rows = np.array([16, 32, 64, 2560, 640, 1280])  # not in proportion to compute
     t = np.maximum(compute / 1.25, memory / 0.8) + 20e-6
-    e, em, lat = moefit.solve(_synthetic(compute, memory, t), t)
+    e, em, r, lat = moefit.solve(_synthetic(compute, memory, t, rows), t)
     assert (e, em, lat) == (
         pytest.approx(1.25, rel=1e-6),
         pytest.approx(0.8, rel=1e-6),
         pytest.approx(20e-6, rel=1e-5),
     )
-    _, _, no_lat = moefit.solve(_synthetic(compute, memory, t), t, latency=False)
+    assert r == pytest.approx(0.0, abs=1e-13)
+    no_lat = moefit.solve(_synthetic(compute, memory, t), t, latency=False)[3]
     assert no_lat == 0.0
 
 
+def test_the_fit_recovers_a_time_per_row():
+    """Two shapes at e = 1.25, r = 4 ns, e_m = 0.8, l = 20 us: the compute of a small-expert
+    table (few FLOPs a row) and a large-expert one (many), the rows as they would pad. Both
+    compute-bound at their largest sizes, so only together do they fix e and r apart."""
+    rows = np.array([64, 128, 1024, 4096, 16384, 64, 128, 1024, 4096, 16384], dtype=float)
+    flops_per_row = np.array([1.0] * 5 + [20.0] * 5) * 1e-9  # seconds at the dense rate
+    compute = rows * flops_per_row
+    memory = np.array([10e-6] * 5 + [50e-6] * 5)
+    t = np.maximum(compute / 1.25 + rows * 4e-9, memory / 0.8) + 20e-6
+    e, em, r, lat = moefit.solve(_synthetic(compute, memory, t, rows), t)
+    assert (e, em, r, lat) == (
+        pytest.approx(1.25, rel=1e-5),
+        pytest.approx(0.8, rel=1e-5),
+        pytest.approx(4e-9, rel=1e-4),
+        pytest.approx(20e-6, rel=1e-4),
+    )
+
+
 def test_fit_error_on_the_published_points(h100_fit, a100_fit):
-    """vLLM's tuned fused_moe: Mixtral on an H100 (1 .. 1536 tokens) within 4%, median under
-    1.5%; Qwen3-30B-A3B's 128 small experts on an A100 (1 .. 4096 tokens) within 14%, median
-    under 2% (the worst at 4096 tokens). The bare padded roofline misses by 15% and more on
-    both. Both fits put the tiles' compute ~1.2x the dense GEMM rate and the call's fixed time
-    at 27-31 us."""
-    assert len(h100_fit.errors) == 15 and len(a100_fit.errors) == 18
-    assert np.abs(h100_fit.errors).max() < 0.04
-    assert np.median(np.abs(h100_fit.errors)) < 0.015
+    """vLLM's tuned fused_moe on Hopper, two expert sizes at once (Mixtral's 8 of 7168 on an
+    H100, 1 .. 1536 tokens; Gemma-4's 128 of 704 on an H200, 16 .. 4096): Mixtral within 6%,
+    Gemma within 15%, medians under 2.5% and 5%, at ~1.28x the dense GEMM rate plus ~8.6 ns
+    per padded row and GEMM; the bare padded roofline misses Gemma by 45%. Qwen3-30B-A3B's
+    small experts on an A100 (1 .. 4096 tokens): within 14%, median under 2%, at 1.18x and no
+    time per row. The call's fixed time is 27-34 us on both."""
+    assert len(h100_fit.errors) == 29 and len(a100_fit.errors) == 18
+    mixtral = h100_fit.shapes == "mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned"
+    assert mixtral.sum() == 15
+    err = np.abs(h100_fit.errors)
+    assert err[mixtral].max() < 0.06 and np.median(err[mixtral]) < 0.025
+    assert err[~mixtral].max() < 0.15 and np.median(err[~mixtral]) < 0.05
+    assert np.abs(h100_fit.dense_errors[~mixtral]).max() > 0.4
+    assert 1.2 < h100_fit.efficiency < 1.35 and 8e-9 < h100_fit.row_time < 9.5e-9
+    assert h100_fit.memory == pytest.approx(1.068, abs=0.01)
     assert np.abs(a100_fit.errors).max() < 0.14
     assert np.median(np.abs(a100_fit.errors)) < 0.02
-    for f in (h100_fit, a100_fit):
-        assert np.abs(f.dense_errors).max() > 0.15
-        assert 1.1 < f.efficiency < 1.3
-        assert 25e-6 < f.latency < 32e-6
-    assert h100_fit.memory == pytest.approx(1.032, abs=0.01)
+    assert np.abs(a100_fit.dense_errors).max() > 0.15
+    assert 1.1 < a100_fit.efficiency < 1.3 and a100_fit.row_time < 1e-12
     assert a100_fit.memory == pytest.approx(1.10, abs=0.01)
+    for f in (h100_fit, a100_fit):
+        assert 25e-6 < f.latency < 35e-6
     one = moefit.fit("h100-sxm", latency=False)
     assert one.latency == 0.0
     assert np.abs(one.errors).max() > np.abs(h100_fit.errors).max()
 
 
+def test_small_experts_need_the_time_per_row(h100_fit):
+    """Without it one (e, e_m, l) cannot price both Hopper tables (28% off on each), and
+    Mixtral's own fit (1.2x, within 4% of Mixtral) prices Gemma 34-51% fast at 2048-4096
+    tokens: 128 experts of 704 take ~1.5x Mixtral's time per FLOP there."""
+    bare = moefit.fit("h100-sxm", row_time=False)
+    assert np.abs(bare.errors).max() > 0.25 > np.abs(h100_fit.errors).max()
+    rows = moefit.fitted_rows("h100-sxm")
+    pieces = moefit.parts(rows)
+    keep = ~moefit._left_out(rows, pieces)
+    rows, pieces = rows[keep], pieces.pick(keep)
+    t = rows.time_us.to_numpy() * 1e-6
+    mixtral = (rows.model == "mixtral-8x7b").to_numpy()
+    e, em, r, lat = moefit.solve(pieces.pick(mixtral), t[mixtral], row_time=False)
+    assert e == pytest.approx(1.2, abs=0.01) and r == 0.0
+    err = (pieces.activation + pieces.dense(e, em) + lat) / t - 1
+    assert np.abs(err[mixtral]).max() < 0.04
+    big = ~mixtral & (rows.tokens.to_numpy() >= 2048)
+    assert (err[big] < -0.3).all() and (err[big] > -0.55).all()
+
+
 def test_only_tuned_config_rows_are_fitted(h100_fit, a100_fit):
     rows = moefit.load_points()
     assert set(rows[rows.gpu == "h100-sxm"].model) == {"mixtral-8x7b", "qwen3-30b-a3b"}
-    assert set(h100_fit.shapes) == {"mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned"}
+    assert set(h100_fit.shapes) == {
+        "mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned",
+        "gemma-4-26b-a4b tp1 N=704 bf16 vllm-triton-fused_moe-tuned",
+    }
     assert set(a100_fit.shapes) == {"qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned"}
     with pytest.raises(ValueError, match="no tuned-config rows"):
         moefit.fit("a40")
 
 
-def test_rows_below_the_hbm_floor_are_left_out():
+def test_pooled_rows_are_priced_on_their_own_card():
+    """The H200's rows join the H100's fit, each priced on its own profile: the same shape and
+    size on the two cards gives the H200's faster HBM a smaller memory side."""
+    assert moefit.POOLED == {"h200-sxm": "h100-sxm"}
+    rows = moefit.fitted_rows("h100-sxm")
+    assert set(rows.gpu) == {"h100-sxm", "h200-sxm"}
+    one = rows[rows.gpu == "h200-sxm"].head(1)
+    as_h100 = one.assign(gpu="h100-sxm")
+    memory = [moefit.parts(r).gemms[0][0][1] for r in (one, as_h100)]
+    bandwidth = [load_hardware(g).hbm.bandwidth for g in ("h200-sxm", "h100-sxm")]
+    assert memory[0] < memory[1]
+    assert (
+        moefit.parts(one).blend[0] == CostParams.from_hardware(load_hardware("h200-sxm")).gemm_blend
+    )
+    assert bandwidth[0] > bandwidth[1]
+
+
+def test_rows_left_out_below_the_hbm_floor_or_launch_bound():
     """L40S, 2 tokens: ~15.5 touched experts' 73 MB of fp8 weights take 85 us at the peak
     864 GB/s, yet the call took 37.79 us (tuned) and 39.06 us (default): the replayed layer's
-    weights sat in the 96 MB L2. Neither row is fitted or counted as a check."""
-    left = moefit.below_floor("l40s")
+    weights sat in the 96 MB L2. Gemma on the H200 takes 185-189 us from 1 to 4 tokens (and
+    204 at 8), where 8-52 touched experts' weights take 20-128 us: the harness's launches.
+    Neither kind is fitted or counted as a check."""
+    left = moefit.left_out("l40s")
     assert list(left.tokens) == [2] and list(left.time_us) == [37.79]
     assert len(moefit.fit("l40s").errors) == 12
     c = moefit.checks("l40s")
-    assert list(c.tokens[c.below_floor]) == [2]
-    assert moefit.below_floor("h100-sxm").empty and moefit.below_floor("a100-80g-sxm").empty
+    assert list(c.tokens[c.left_out]) == [2]
+    hopper = moefit.left_out("h100-sxm")
+    assert set(hopper.gpu) == {"h200-sxm"} and list(hopper.tokens) == [1, 2, 4, 8]
+    assert moefit.left_out("a100-80g-sxm").empty
+    h200 = moefit.checks("h200-sxm")
+    gemma = h200[h200["shape"].str.startswith("gemma-4-26b-a4b")]
+    assert list(gemma.tokens[gemma.left_out]) == [1, 2, 4, 8]
+
+
+def test_launch_bound_needs_a_flat_start():
+    """A table is launch-bound only where its two-token call takes its one-token time: Mixtral
+    (144 us at one token, 229 at two) has none."""
+    rows = moefit.load_points()
+    mixtral = rows[(rows.model == "mixtral-8x7b") & (rows.gpu == "h100-sxm")]
+    assert not moefit.launch_bound(mixtral).any()
+    flat = pd.DataFrame(
+        {"gpu": "g", "model": "m", "tp": 1, "dtype": "bf16", "kernel": "k-tuned",
+         "tokens": [1, 2, 4, 8, 16], "time_us": [100.0, 101.0, 99.0, 114.0, 150.0]}
+    )  # fmt: skip
+    assert list(moefit.launch_bound(flat)) == [True, True, True, True, False]
 
 
 def test_the_rows_name_their_shape_and_dtype():
     """Each row's (experts, top-k, hidden, expert width) is its model's shard at its TP."""
     rows = moefit.load_points()
     assert set(rows["dtype"]) <= {"bf16", "fp8"}
-    for gpu in rows.gpu.unique():
-        moefit.parts(rows[rows.gpu == gpu], gpu)  # raises on a shape mismatch
+    moefit.parts(rows)  # raises on a shape mismatch
 
 
 def test_checks_price_the_other_rows_with_the_profile():
-    """The default-config and other-kernel rows, against the profile's values. On the A100
-    vLLM's default config is priced within 11% up to 2048 tokens (it runs 17-21% slower than
-    the model, fitted to the tuned config, at 3072 and 4096); on the H100 the default fp8
-    config of many small experts runs 2-3x the model at prefill sizes (an untuned fp8 kernel),
-    Liger's and VeOmni's kernels 1.2-2.7x."""
+    """The default-config and other-kernel rows, against the profile's values (none fitted).
+    On the A100 vLLM's default config is priced within 11% up to 2048 tokens (it runs 17-21%
+    slower than the model, fitted to the tuned config, at 3072 and 4096). On the H100 the
+    time per row brings the small experts' other kernels within 32% (Mixtral's fit alone:
+    Liger's and VeOmni's kernels 1.2-2.7x the model): vLLM's untuned fp8 default config runs
+    13-32% slower than the model from 4 tokens on, Liger's kernel 8-29% slower up to 1024
+    tokens (its un-graphed launches) and 7-16% faster from 2048. Gemma's default column on the
+    H200 is priced within 16%."""
     h100, a100 = moefit.checks("h100-sxm"), moefit.checks("a100-80g-sxm")
     h200, l40s = moefit.checks("h200-sxm"), moefit.checks("l40s")
     assert (len(h100), len(a100), len(h200), len(l40s)) == (29, 18, 25, 13)
     default = h100["shape"].str.endswith("-default")
-    assert (h100[default].error < 0).all()
-    assert (h100[default & (h100.tokens >= 2048)].error < -0.5).all()
-    assert (h100[~default].error < -0.2).all()
+    assert (h100[default & (h100.tokens >= 4)].error.between(-0.32, -0.12)).all()
+    assert (h100[~default].error.abs() < 0.3).all()
+    liger = h100["shape"].str.contains("liger")
+    assert (h100[liger & (h100.tokens <= 1024)].error < -0.07).all()
+    assert (h100[liger & (h100.tokens >= 2048)].error.between(0.07, 0.16)).all()
     assert (a100[a100.tokens <= 2048].error.abs() < 0.11).all()
     assert (a100[a100.tokens > 2048].error < -0.15).all()
+    gemma = h200["shape"].str.startswith("gemma-4-26b-a4b") & ~h200.left_out
+    assert (h200[gemma].error.abs() < 0.16).all()
     assert moefit.checks("a40").empty
-
-
-def test_small_experts_on_hopper_need_a_lower_compute_efficiency(h100_fit):
-    """vLLM's tuned fused_moe of Gemma-4-26B-A4B (128 experts of 704, top-8, hidden 2816) on
-    H200 (vllm#44818), the only tuned small-expert Hopper table found: the H100 profile, fitted
-    to Mixtral's 8 experts of 7168, prices it 34-51% too fast at 2048-4096 tokens (328 TFLOP/s
-    measured at 4096, Mixtral 482 at 1536). Fitted alone (its rows from 16 tokens: below that
-    the call sits at ~185 us, a fixed time the un-named harness adds) it wants moe_gemm ~0.54,
-    under half Mixtral's 1.2, with the weight streaming and call time Mixtral's (1.07, 27 us):
-    one set does not fit both, so the Hopper profiles keep the Mixtral fit."""
-    rows = moefit.fitted_rows("h200-sxm")
-    assert set(moefit.shape_names(rows)) == {
-        "gemma-4-26b-a4b tp1 N=704 bf16 vllm-triton-fused_moe-tuned"
-    }
-    c = moefit.checks("h200-sxm")
-    gemma = c[c["shape"].str.startswith("gemma-4-26b-a4b")]
-    assert len(gemma) == 18  # the default-config column, a check
-    pieces, t = moefit.parts(rows, "h200-sxm"), rows.time_us.to_numpy() * 1e-6
-    eff = load_hardware("h200-sxm").efficiency
-    pred = pieces.activation + pieces.dense(eff.moe_gemm, eff.moe_gemm_memory) + eff.moe_latency
-    err = pred / t - 1
-    big = rows.tokens.to_numpy() >= 2048
-    assert (err[big] < -0.3).all() and (err[big] > -0.55).all()
-    keep = rows.tokens.to_numpy() >= 16
-    sub = moefit.Parts(
-        [g for g, k in zip(pieces.gemms, keep, strict=True) if k],
-        pieces.blend,
-        pieces.activation[keep],
-        pieces.floor[keep],
-    )
-    e, em, lat = moefit.solve(sub, t[keep])
-    assert 0.45 < e < 0.65 and e < 0.6 * h100_fit.efficiency
-    assert em == pytest.approx(h100_fit.memory, abs=0.1)
-    assert 20e-6 < lat < 35e-6
 
 
 def test_h100_and_a100_profiles_carry_their_fits(h100_fit, a100_fit):
@@ -316,6 +402,7 @@ def test_h100_and_a100_profiles_carry_their_fits(h100_fit, a100_fit):
         eff = load_hardware(name).efficiency
         assert eff.moe_gemm == pytest.approx(f.efficiency, abs=5e-4)
         assert eff.moe_gemm_memory == pytest.approx(f.memory, abs=5e-4)
+        assert eff.moe_row_time == pytest.approx(f.row_time, abs=5e-13)
         assert eff.moe_latency == pytest.approx(f.latency, abs=5e-9)
 
 
@@ -324,7 +411,7 @@ def test_the_other_hopper_parts_carry_the_h100_fit(gpu):
     """The same fused-MoE kernel on the same Hopper die: the ratios and the call time are
     carried over."""
     eff, h100 = load_hardware(gpu).efficiency, load_hardware("h100-sxm").efficiency
-    keys = ("moe_gemm", "moe_gemm_memory", "moe_latency")
+    keys = ("moe_gemm", "moe_gemm_memory", "moe_row_time", "moe_latency")
     assert [getattr(eff, k) for k in keys] == [getattr(h100, k) for k in keys]
 
 
@@ -335,21 +422,23 @@ def test_other_nvidia_parts_carry_the_call_time_and_keep_the_fused_roofline(gpu)
     carried from the H100 fit; the speed ratios are not."""
     eff, h100 = load_hardware(gpu).efficiency, load_hardware("h100-sxm").efficiency
     assert (eff.moe_gemm, eff.moe_gemm_memory, eff.moe_latency) == (1.0, 1.0, h100.moe_latency)
+    assert eff.moe_row_time == 0.0
 
 
 def test_a_profile_with_no_moe_keys_prices_the_bare_fused_roofline():
     eff = load_hardware("mi300x").efficiency  # ROCm's MoE kernels: nothing carried
-    assert (eff.moe_gemm, eff.moe_gemm_memory, eff.moe_latency) == (1.0, 1.0, 0.0)
+    assert (eff.moe_gemm, eff.moe_gemm_memory, eff.moe_latency, eff.moe_row_time) == (1, 1, 0, 0)
 
 
 def test_calibrated_profile_text_keeps_the_moe_keys_only_when_set():
-    for key in ("moe_gemm", "moe_gemm_memory", "moe_latency"):
+    for key in ("moe_gemm", "moe_gemm_memory", "moe_latency", "moe_row_time"):
         assert key not in efficiency_text(Efficiency(), {}, {})
     assert "moe_gemm: 1.2" in efficiency_text(Efficiency(moe_gemm=1.2), {}, {})
     assert "moe_gemm_memory: 1.1" in efficiency_text(Efficiency(moe_gemm_memory=1.1), {}, {})
     assert "moe_latency: 22us" in efficiency_text(Efficiency(moe_latency=22e-6), {}, {})
+    assert "moe_row_time: 8ns" in efficiency_text(Efficiency(moe_row_time=8e-9), {}, {})
 
 
 def test_the_checks_frame_is_empty_with_its_columns_for_a_gpu_without_rows():
     c = moefit.checks("mi300x")
-    assert isinstance(c, pd.DataFrame) and c.empty and "below_floor" in c.columns
+    assert isinstance(c, pd.DataFrame) and c.empty and "left_out" in c.columns
