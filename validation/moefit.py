@@ -70,7 +70,7 @@ class MoeFit:
 
 @dataclass(frozen=True)
 class Parts:
-    """What the cost model prices for each benchmark row, before the three parameters."""
+    """What the cost model prices for each benchmark row, before the four parameters."""
 
     gemms: list[list[tuple[float, float]]]  # per row: (compute, memory) seconds per GEMM
     blend: np.ndarray  # per row: its profile's gemm_blend p (inf: the hard max)
