@@ -37,6 +37,7 @@ MODELS = [
     "dbrx",
     "devstral-2-123b",
     "deepseek-v3",
+    "moonlight-16b-a3b",
 ]
 
 
@@ -73,6 +74,7 @@ def test_hardware_profiles_validate(name):
         ("mixtral-8x22b", 2 * 56 * 8 * 128 * 2),  # 229,376
         ("dbrx", 2 * 40 * 8 * 128 * 2),  # 163,840
         ("deepseek-v3", 61 * (512 + 64) * 2),  # 70,272
+        ("moonlight-16b-a3b", 27 * (512 + 64) * 2),  # 31,104
     ],
 )
 def test_kv_bytes_per_token(name, kv_bytes):
@@ -175,3 +177,10 @@ def test_a40_torch_visible_total_is_the_oom_messages():
     # nvidia-smi 46068MiB less the driver's part: torch's "total capacity of 44.34 GiB"
     hw = load_hardware("a40")
     assert (hw.hbm.capacity - hw.hbm.driver_reserve) / 2**30 == pytest.approx(44.34, abs=0.005)
+
+
+def test_mla_without_a_query_lora_projects_queries_straight():
+    """Moonlight (q_lora_rank null): one hidden -> heads x (128 + 64) query GEMM, no LoRA pair."""
+    gemms = load_model("moonlight-16b-a3b").attention_gemms
+    assert gemms == ((2048, 16 * 192), (2048, 512 + 64), (512, 16 * 256), (16 * 128, 2048))
+    assert len(load_model("deepseek-v3").attention_gemms) == 5

@@ -42,7 +42,9 @@ class Moe(Strict):
 class Mla(Strict):
     """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector."""
 
-    q_lora_rank: int = Field(gt=0)
+    q_lora_rank: int | None = Field(
+        gt=0, description="null: queries projected straight from the hidden state (Moonlight)"
+    )
     kv_lora_rank: int = Field(gt=0)
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
@@ -138,9 +140,13 @@ class ModelSpec(Strict):
         if self.mla:
             m = self.mla
             qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = (
+                ((self.hidden, m.q_lora_rank), (m.q_lora_rank, self.heads * qk_head))
+                if m.q_lora_rank
+                else ((self.hidden, self.heads * qk_head),)
+            )
             return (
-                (self.hidden, m.q_lora_rank),
-                (m.q_lora_rank, self.heads * qk_head),
+                *q,
                 (self.hidden, m.kv_lora_rank + m.qk_rope_head_dim),
                 (m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim)),
                 (self.heads * m.v_head_dim, self.hidden),

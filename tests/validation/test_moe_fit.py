@@ -260,10 +260,11 @@ def test_fit_error_on_the_published_points(h100_fit, a100_fit):
     """vLLM's tuned fused_moe on Hopper, two expert sizes at once (Mixtral's 8 of 7168 on an
     H100, 1 .. 1536 tokens; Gemma-4's 128 of 704 on an H200, 16 .. 4096): Mixtral within 6%,
     Gemma within 15%, medians under 2.5% and 5%, at ~1.28x the dense GEMM rate plus ~8.6 ns
-    per padded row and GEMM; the bare padded roofline misses Gemma by 45%. Qwen3-30B-A3B's
-    small experts on an A100 (1 .. 4096 tokens): within 14%, median under 2%, at 1.18x and no
-    time per row. The call's fixed time is 27-34 us on both."""
-    assert len(h100_fit.errors) == 29 and len(a100_fit.errors) == 18
+    per padded row and GEMM; the bare padded roofline misses Gemma by 45%. On an A100 two
+    expert sizes at once (Qwen3-30B-A3B's 128 of 768, 1 .. 4096 tokens; Kimi-VL-A3B's 64 of
+    1408, 16 .. 4096): Qwen within 13%, median under 2%, Kimi-VL within 9%, median under 5%,
+    at ~1.16x and no time per row. The call's fixed time is 26-34 us on both."""
+    assert len(h100_fit.errors) == 29 and len(a100_fit.errors) == 23
     mixtral = h100_fit.shapes == "mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned"
     assert mixtral.sum() == 15
     err = np.abs(h100_fit.errors)
@@ -272,10 +273,13 @@ def test_fit_error_on_the_published_points(h100_fit, a100_fit):
     assert np.abs(h100_fit.dense_errors[~mixtral]).max() > 0.4
     assert 1.2 < h100_fit.efficiency < 1.35 and 8e-9 < h100_fit.row_time < 9.5e-9
     assert h100_fit.memory == pytest.approx(1.068, abs=0.01)
-    assert np.abs(a100_fit.errors).max() < 0.14
-    assert np.median(np.abs(a100_fit.errors)) < 0.02
+    qwen = a100_fit.shapes == "qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned"
+    assert qwen.sum() == 18
+    err = np.abs(a100_fit.errors)
+    assert err[qwen].max() < 0.13 and np.median(err[qwen]) < 0.02
+    assert err[~qwen].max() < 0.09 and np.median(err[~qwen]) < 0.05
     assert np.abs(a100_fit.dense_errors).max() > 0.15
-    assert 1.1 < a100_fit.efficiency < 1.3 and a100_fit.row_time < 1e-12
+    assert 1.1 < a100_fit.efficiency < 1.25 and a100_fit.row_time < 1e-12
     assert a100_fit.memory == pytest.approx(1.10, abs=0.01)
     for f in (h100_fit, a100_fit):
         assert 25e-6 < f.latency < 35e-6
@@ -311,7 +315,16 @@ def test_only_tuned_config_rows_are_fitted(h100_fit, a100_fit):
         "mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned",
         "gemma-4-26b-a4b tp1 N=704 bf16 vllm-triton-fused_moe-tuned",
     }
-    assert set(a100_fit.shapes) == {"qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned"}
+    assert set(rows[rows.gpu == "a100-80g-sxm"].model) == {"qwen3-30b-a3b", "moonlight-16b-a3b"}
+    assert set(a100_fit.shapes) == {
+        "qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned",
+        "moonlight-16b-a3b tp1 N=1408 bf16 vllm-triton-fused_moe-tuned",
+    }
+    # vllm#40542's tuned file mirrors the default config at 1, 2, 4 and 8 tokens: its 1- and
+    # 4-token rows are default-config checks, not fitted
+    kimi = rows[(rows.gpu == "a100-80g-sxm") & (rows.model == "moonlight-16b-a3b")]
+    tuned = kimi[kimi.kernel.str.endswith("-tuned")]
+    assert list(tuned.tokens) == [16, 64, 256, 1024, 4096]
     with pytest.raises(ValueError, match="no tuned-config rows"):
         moefit.fit("a40")
 
@@ -374,8 +387,10 @@ def test_the_rows_name_their_shape_and_dtype():
 
 def test_checks_price_the_other_rows_with_the_profile():
     """The default-config and other-kernel rows, against the profile's values (none fitted).
-    On the A100 vLLM's default config is priced within 11% up to 2048 tokens (it runs 17-21%
-    slower than the model, fitted to the tuned config, at 3072 and 4096). On the H100 the
+    On the A100 vLLM's default config is priced within 11% up to 2048 tokens on Qwen3 (it runs
+    17-21% slower than the model, fitted to the tuned config, at 3072 and 4096); on Kimi-VL's
+    shape within 11% at 16-1024 tokens, 19% slower at 4096, and 14% and 53% slower at 4 and 1
+    token (the PR's un-graphed do_bench harness: 183.5 us for one token). On the H100 the
     time per row brings the small experts' other kernels within 32% (Mixtral's fit alone:
     Liger's and VeOmni's kernels 1.2-2.7x the model): vLLM's untuned fp8 default config runs
     13-32% slower than the model from 4 tokens on, Liger's kernel 8-29% slower up to 1024
@@ -383,15 +398,23 @@ def test_checks_price_the_other_rows_with_the_profile():
     H200 is priced within 16%."""
     h100, a100 = moefit.checks("h100-sxm"), moefit.checks("a100-80g-sxm")
     h200, l40s = moefit.checks("h200-sxm"), moefit.checks("l40s")
-    assert (len(h100), len(a100), len(h200), len(l40s)) == (29, 18, 25, 13)
+    assert (len(h100), len(a100), len(h200), len(l40s)) == (29, 27, 25, 13)
     default = h100["shape"].str.endswith("-default")
     assert (h100[default & (h100.tokens >= 4)].error.between(-0.32, -0.12)).all()
     assert (h100[~default].error.abs() < 0.3).all()
     liger = h100["shape"].str.contains("liger")
     assert (h100[liger & (h100.tokens <= 1024)].error < -0.07).all()
     assert (h100[liger & (h100.tokens >= 2048)].error.between(0.07, 0.16)).all()
-    assert (a100[a100.tokens <= 2048].error.abs() < 0.11).all()
-    assert (a100[a100.tokens > 2048].error < -0.15).all()
+    qwen = a100["shape"].str.startswith("qwen3-30b-a3b")
+    assert qwen.sum() == 18
+    assert (a100[qwen & (a100.tokens <= 2048)].error.abs() < 0.11).all()
+    assert (a100[qwen & (a100.tokens > 2048)].error < -0.15).all()
+    kimi = a100[~qwen]
+    assert list(kimi.tokens) == [1, 4, 1, 4, 16, 64, 256, 1024, 4096]
+    assert (kimi[kimi.tokens.between(16, 1024)].error.abs() < 0.11).all()
+    assert kimi[kimi.tokens == 4096].error.between(-0.2, -0.15).all()
+    assert kimi[kimi.tokens == 4].error.between(-0.16, -0.12).all()
+    assert kimi[kimi.tokens == 1].error.between(-0.56, -0.5).all()
     gemma = h200["shape"].str.startswith("gemma-4-26b-a4b") & ~h200.left_out
     assert (h200[gemma].error.abs() < 0.16).all()
     assert moefit.checks("a40").empty
