@@ -42,9 +42,7 @@ class Moe(Strict):
 class Mla(Strict):
     """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector."""
 
-    q_lora_rank: int | None = Field(
-        gt=0, description="null: queries projected straight from the hidden state (Moonlight)"
-    )
+    q_lora_rank: int | None = Field(gt=0)
     kv_lora_rank: int = Field(gt=0)
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
