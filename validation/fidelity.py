@@ -143,7 +143,8 @@ FIT_PROVENANCE = (
         "vLLM's tuned Triton fused_moe, benchmark_moe.py kernel times: Mixtral-8x7B at TP 2 "
         "on H100, vllm-project/vllm#24700, with Gemma-4-26B-A4B's 128 small experts on H200, "
         "vllm-project/vllm#44818; Qwen3-Coder-30B-A3B on an A100-SXM4-80GB, "
-        "YangLiuWillow/pie tuned_moe/VALIDATION.md (validation/data/moe_kernels.csv, "
+        "YangLiuWillow/pie tuned_moe/VALIDATION.md, with Moonlight-16B-A3B's 64 experts of "
+        "1408, vllm-project/vllm#40542 (validation/data/moe_kernels.csv, "
         "`python -m validation.moefit`)",
     ),
     (
