@@ -40,7 +40,9 @@ class Moe(Strict):
 
 
 class Mla(Strict):
-    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector."""
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector.
+    ``q_lora_rank`` null: no query low-rank step, queries are one GEMM from the hidden state
+    (DeepSeek-V2-Lite, Moonlight)."""
 
     q_lora_rank: int | None = Field(gt=0)
     kv_lora_rank: int = Field(gt=0)

@@ -395,10 +395,10 @@ class CostModel:
         ``moe_gemm_memory`` times the dense GEMM's, blended as a GEMM is; no fixed time per
         expert."""
         p = self.params
-        rows = self.routed_rows(tokens)[2] * p.moe_row_s if tokens > 0 else 0.0
+        row_time = self.routed_rows(tokens)[2] * p.moe_row_s if tokens > 0 else 0.0
         return sum(
             blend(
-                compute / p.moe_gemm_efficiency + rows,
+                compute / p.moe_gemm_efficiency + row_time,
                 memory / p.moe_memory_efficiency,
                 p.gemm_blend,
             )
