@@ -40,11 +40,9 @@ class Moe(Strict):
 
 
 class Mla(Strict):
-    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector.
-    ``q_lora_rank`` null: no query low-rank step, queries are one GEMM from the hidden state
-    (DeepSeek-V2-Lite, Moonlight)."""
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds a latent vector."""
 
-    q_lora_rank: int | None = Field(gt=0)
+    q_lora_rank: int | None = Field(gt=0)  # null: queries straight from the hidden state
     kv_lora_rank: int = Field(gt=0)
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
