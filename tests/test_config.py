@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from sim.config import build_config, dump_config, load_config
+from sim.config import build_config, dump_config, load_config, load_hardware
 from sim.errors import ConfigError
 from tests.conftest import BASE, make_config
 
@@ -84,7 +84,7 @@ def test_resolved_config_round_trips():
         (["workload.num_request=5"], ["workload.num_request", "did you mean 'num_requests'"]),
         (
             ["hardware.link.copy_layout=pages"],
-            ["hardware.link.copy_layout", "'block', 'layer' or 'layer_kv'", "pages"],
+            ["hardware.link.copy_layout", "'auto', 'block', 'layer' or 'layer_kv'", "pages"],
         ),
         (["hardware.link.chunk_blend=0.5"], ["hardware.link.chunk_blend", "0.5"]),
         (
@@ -141,3 +141,21 @@ def test_set_without_equals_is_refused():
 def test_copy_chunks_follow_the_layout_and_the_kv_geometry(model, layout, chunk):
     config = make_config(f"model={model}", f"hardware.link.copy_layout={layout}")
     assert config.copy_chunk_bytes() == chunk
+
+
+@pytest.mark.parametrize(
+    ("mode", "layout", "chunk"),
+    [
+        ("offload", "block", 32 * 2 * 32 * 1024),  # vLLM's cross-layer blocks: 2 MiB
+        ("hbm", "layer_kv", 32 * 1024),  # FlashAttention's paged layout: 32 KiB
+        ("dram_centric", "layer_kv", 32 * 1024),
+    ],
+)
+def test_the_auto_layout_is_vllms_for_the_kv_mode(mode, layout, chunk):
+    """Llama-3-8B on the profiles' ``auto``: vLLM's offloading connector asks for cross-layer
+    blocks (one chunk a block); without a connector each layer's K and V are tensors of
+    their own."""
+    config = make_config("hardware.link.copy_layout=auto", kv={"mode": mode})
+    assert config.hardware.link.copy_layout == "auto"
+    assert (config.copy_layout(), config.copy_chunk_bytes()) == (layout, chunk)
+    assert load_hardware("h100-sxm").link.copy_layout == "auto"

@@ -91,9 +91,10 @@ def test_a_kernel_copier_loads_at_its_own_bandwidth_whatever_the_chunks():
     cost the copy engines a quarter of their 55 GB/s."""
     config = make_config(
         "engine.kv_pool_blocks=600", "hardware.link.h2d_copier=sm",
-        "hardware.link.load_overhead=0", kv={"mode": "offload", "prefix_loads": "in_step"},
+        "hardware.link.load_overhead=0", "hardware.link.copy_layout=layer_kv",
+        kv={"mode": "offload", "prefix_loads": "in_step"},
     )  # fmt: skip
-    assert config.hardware.link.copy_layout == "layer_kv"
+    assert config.copy_chunk_bytes() == 16 * 8 * 128 * 2
     run = simulate(config, case(True))
     tl = run.timeline
     step = tl[tl.time_s == tl.time_s[tl.time_s >= ARRIVE].min()].iloc[0]

@@ -60,9 +60,10 @@ def test_queue_lookahead_takes_the_blocking_copy_off_a_waiting_requests_ttft():
     assert ahead.summary["prefetch_hits"] == staged and ahead.summary["prefetch_wasted"] == 0
     assert ahead.timeline.prefetch_bytes.sum() == staged * block
     # the load r3 waited for: the load's fixed cost, one latency, and its bytes at the
-    # efficiency of the layout's chunks (h100-sxm, Llama-3-8B: 16 tokens x 8 heads x 128 x
-    # 2 B = 32 KiB per layer, block and K|V)
-    chunk = 16 * 8 * 128 * 2
+    # efficiency of the layout's chunks (h100-sxm's auto layout in offload mode, vLLM's
+    # cross-layer blocks: one chunk a block, Llama-3-8B's 32 layers x K,V x 16 tokens x
+    # 8 heads x 128 x 2 B = 2 MiB)
+    chunk = 32 * 2 * 16 * 8 * 128 * 2
     assert none.config.copy_chunk_bytes() == chunk
     efficiency = (1 + (link.half_efficiency_bytes / chunk) ** link.chunk_blend) ** (
         -1 / link.chunk_blend

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sim.memory.links
 from sim.instance.step import layerwise_step_s
 from sim.kv.modes import MODES as MODE_RULES
 from sim.observe.invariants import Invariants
@@ -559,3 +560,30 @@ def test_a_touch_counts_when_a_single_block_is_evictable():
         tier.touch_many(np.array([a, c]), now)
     tier.add(b, 3.0, evictable=True)
     assert tier.evict(1) == [b]
+
+
+@pytest.mark.parametrize(("layerwise", "pieces"), [(True, 32), (False, 1)])
+def test_a_layer_by_layer_fetch_moves_one_layers_slice_of_a_block_a_chunk(
+    monkeypatch, layerwise, pieces
+):
+    """``dram_centric`` on whole-block copies (vLLM's cross-layer blocks): a step that fetches
+    before its compute copies whole blocks (2 MiB for Llama-3-8B); fetched layer by layer, each
+    copy is one layer's K and V of a block (64 KiB), however the blocks are laid out."""
+    chunks = []
+    real = sim.memory.links.Link.transfer
+
+    def recorded(self, nbytes, chunk_bytes=None, latencies=1):
+        chunks.append(chunk_bytes)
+        return real(self, nbytes, chunk_bytes, latencies)
+
+    monkeypatch.setattr(sim.memory.links.Link, "transfer", recorded)
+    config = make_config(
+        "hardware.link.copy_layout=block", "hardware.hbm.capacity=20GiB",
+        f"kv.layerwise={str(layerwise).lower()}",
+        workload=closed_batch(24, 6000, 16), kv={"mode": "dram_centric"},
+    )  # fmt: skip
+    block = config.tier_block_bytes("dram")
+    assert block == 2 * 1024 * 1024 and config.copy_chunk_bytes() == block
+    simulate(config)
+    assert block / pieces in chunks  # the step fetches
+    assert all(c is None or c in (block, block / pieces) for c in chunks)

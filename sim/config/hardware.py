@@ -65,7 +65,7 @@ class Dram(Strict):
     shared_by: int = Field(1, ge=1, description="GPUs whose host copies share `bandwidth`")
 
 
-CopyLayout = Literal["block", "layer", "layer_kv"]
+CopyLayout = Literal["auto", "block", "layer", "layer_kv"]
 Copier = Literal["ce", "sm"]
 Direction = Literal["h2d", "d2h"]
 
@@ -77,7 +77,8 @@ class Link(Strict):
     ``h = half_efficiency_bytes`` (0 = size-independent), ``p = chunk_blend`` (1: each chunk
     costs ``h / bandwidth`` on top of its bytes, ``s / (s + h)``; larger: the per-chunk cost
     and the bytes overlap more). ``copy_layout`` says how a KV block is cut into contiguous
-    chunks; ``load_overhead`` is the fixed cost of one request's prefix load.
+    chunks (``auto``: as vLLM lays its KV out for the KV mode, :meth:`RunConfig.copy_layout`);
+    ``load_overhead`` is the fixed cost of one request's prefix load.
 
     ``h2d_copier`` / ``d2h_copier`` say what moves a direction's KV bytes: ``ce``, the copy
     engines (one ``cudaMemcpyAsync`` per chunk: ``h2d``/``d2h`` and the chunk curve), or

@@ -210,11 +210,21 @@ class RunConfig(Strict):
         """Bytes of one KV block in HBM."""
         return self.tier_block_bytes("hbm")
 
+    def copy_layout(self) -> str:
+        """``hardware.link.copy_layout``, ``auto`` resolved as vLLM lays out its KV: in
+        ``offload`` mode its offloading connector asks for cross-layer blocks (every layer's
+        K and V of a block contiguous, ``prefer_cross_layer_blocks``, vllm#27743): ``block``;
+        otherwise the FlashAttention paged layout, a tensor per layer and K/V: ``layer_kv``."""
+        layout = self.hardware.link.copy_layout
+        if layout != "auto":
+            return layout
+        return "block" if self.kv.mode == "offload" else "layer_kv"
+
     def copy_chunk_bytes(self) -> float:
         """Bytes of one contiguous chunk of a DRAM-tier KV block in a host copy, as
-        ``hardware.link.copy_layout`` cuts it: the whole block, one per layer, or one per
-        layer and K/V (MLA keeps one latent per layer: one chunk per layer)."""
-        layout, model = self.hardware.link.copy_layout, self.model
+        :meth:`copy_layout` cuts it: the whole block, one per layer, or one per layer and
+        K/V (MLA keeps one latent per layer: one chunk per layer)."""
+        layout, model = self.copy_layout(), self.model
         pieces = 1 if layout == "block" else model.layers
         if layout == "layer_kv" and not model.mla:
             pieces *= 2

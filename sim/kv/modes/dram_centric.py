@@ -92,8 +92,12 @@ class DramCentricMode(Mode):
         blocking.extend(kv.copies.take_blocking())
         fetch = len(misses) * dram.block_bytes
         decompress = len(misses) * hbm.block_bytes if dram.block_bytes != hbm.block_bytes else 0.0
-        # a direct read loads cache lines in place (coherent link): no per-chunk copy cost
-        chunk = fetch if direct else kv.copies.piece_bytes
+        # a direct read loads cache lines in place (coherent link): no per-chunk copy cost;
+        # fetched layer by layer, a chunk is at most one layer's slice of a block
+        piece = kv.copies.piece_bytes
+        if kv.config.kv.layerwise or kv.config.engine.layer_events:
+            piece = min(piece, dram.block_bytes / kv.layers)
+        chunk = fetch if direct else piece
         return StepIO(fetch, chunk, blocking, staging, attended, decompress)
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
