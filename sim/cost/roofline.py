@@ -222,9 +222,7 @@ def gemm_work_seconds(
     ``blend(compute, memory)`` of one GEMM of ``fan_in x fan_out`` weights over ``rows`` rows."""
     act = dtype_bytes if act_bytes is None else act_bytes
     compute, memory = gemm_parts(p, rows, rows, fan_in, fan_out, dtype_bytes, act)
-    if math.isinf(p.gemm_blend):
-        return max(compute, memory)
-    return blend(compute, memory, p.gemm_blend)
+    return blend(compute, memory, p.gemm_blend)  # (the hard max at p = inf)
 
 
 def gemm_parts(
@@ -377,11 +375,16 @@ class CostModel:
         (:func:`gemm_parts`), before ``moe_gemm``, ``moe_gemm_memory`` and ``moe_row_time``:
         its FLOPs on the rows padded to the tile height (:meth:`routed_rows`), the touched
         experts' weights read once."""
-        m, moe = self.model, self.model.moe
-        assert moe is not None
         if tokens <= 0:
             return []
-        touched, routed, padded = self.routed_rows(tokens)
+        return self._expert_parts(*self.routed_rows(tokens))
+
+    def _expert_parts(
+        self, touched: float, routed: float, padded: float
+    ) -> list[tuple[float, float]]:
+        """:meth:`routed_experts_parts` of a call whose :meth:`routed_rows` are given."""
+        m, moe = self.model, self.model.moe
+        assert moe is not None
         p, width, act = self.params, m.dtype_bytes, m.act_bytes
         return [
             gemm_parts(p, padded, routed, i, o, width, act, touched)
@@ -394,15 +397,17 @@ class CostModel:
         the dense GEMM's plus ``moe_row_time`` per padded row, its memory at
         ``moe_gemm_memory`` times the dense GEMM's, blended as a GEMM is; no fixed time per
         expert."""
-        p = self.params
-        row_time = self.routed_rows(tokens)[2] * p.moe_row_s if tokens > 0 else 0.0
+        if tokens <= 0:
+            return 0.0
+        p, rows = self.params, self.routed_rows(tokens)
+        row_time = rows[2] * p.moe_row_s
         return sum(
             blend(
                 compute / p.moe_gemm_efficiency + row_time,
                 memory / p.moe_memory_efficiency,
                 p.gemm_blend,
             )
-            for compute, memory in self.routed_experts_parts(tokens)
+            for compute, memory in self._expert_parts(*rows)
         )
 
     def _moe_time(self, tokens: int) -> float:

@@ -175,7 +175,7 @@ class PrefixIndex:
             return memo[1]
         hashes = self.hashes[rid]  # (a request's hashes never change; a lookup's length
         # grows only at a preemption, which drops the memo)
-        limit = min(len(hashes), (int(self.lookup_tokens[rid]) - 1) // self.bt)
+        limit = self.lookup_blocks(rid)
         if memo is not None:
             ids = memo[1]
             held = self.table.hash[ids] == hashes[: len(ids)]

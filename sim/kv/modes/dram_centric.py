@@ -39,6 +39,16 @@ class DramCentricMode(Mode):
         share = kv_share(config.model, config.tensor_parallel_size)
         return int(capacity // (self.kv.tiers[HBM].block_bytes * share))
 
+    @cached_property
+    def fetch_piece(self) -> float:
+        """Bytes of one contiguous chunk of a step's fetch: the copy layout's, and, fetched
+        layer by layer, at most one layer's slice of a block."""
+        kv = self.kv
+        piece = kv.copies.piece_bytes
+        if kv.config.kv.layerwise or kv.config.engine.layer_events:
+            piece = min(piece, kv.tiers[DRAM].block_bytes / kv.layers)
+        return piece
+
     def hbm_victims(self, victims: list[int]) -> bool:
         """Blocks evicted from the HBM cache are still at home: write back the dirty ones."""
         kv, t = self.kv, self.kv.table
@@ -92,12 +102,8 @@ class DramCentricMode(Mode):
         blocking.extend(kv.copies.take_blocking())
         fetch = len(misses) * dram.block_bytes
         decompress = len(misses) * hbm.block_bytes if dram.block_bytes != hbm.block_bytes else 0.0
-        # a direct read loads cache lines in place (coherent link): no per-chunk copy cost;
-        # fetched layer by layer, a chunk is at most one layer's slice of a block
-        piece = kv.copies.piece_bytes
-        if kv.config.kv.layerwise or kv.config.engine.layer_events:
-            piece = min(piece, dram.block_bytes / kv.layers)
-        chunk = fetch if direct else piece
+        # a direct read loads cache lines in place (coherent link): no per-chunk copy cost
+        chunk = fetch if direct else self.fetch_piece
         return StepIO(fetch, chunk, blocking, staging, attended, decompress)
 
     def _produced(self, ids: np.ndarray, context: np.ndarray, new: np.ndarray) -> np.ndarray:
