@@ -288,9 +288,10 @@ def test_old_and_new_models_read_the_same_sizes_and_drift_alike():
 
 
 def test_old_and_new_models_give_the_same_hit_rate_and_stall():
-    """Engine runs (dram_centric, HBM short of the KV, shared prefixes), six seeds each: the
-    HBM access hit rate and the fetch stall time of the kept hot sets within 2% of the old
-    model's (the reference above, swapped in for the step's decodes)."""
+    """Engine runs (dram_centric, HBM short of the KV, shared prefixes), twelve seeds each
+    (one seed alone moves the stall by up to 14%): the HBM access hit rate and the fetch
+    stall time of the kept hot sets within 2% of the old model's (the reference above,
+    swapped in for the step's decodes)."""
 
     def old(self, rids, lists, table, arena, offsets, lengths):
         sets = [
@@ -306,7 +307,7 @@ def test_old_and_new_models_give_the_same_hit_rate_and_stall():
                 patch.setattr(AccessModel, "decode_reads", old)
             runs = [
                 simulate(engine_config(seed, *WHOLE_BLOCK_COPIES, drift=0.1)).summary
-                for seed in range(6)
+                for seed in range(12)
             ]
         results[name] = (
             np.mean([s["hbm_access_hit_rate"] for s in runs]),

@@ -144,19 +144,21 @@ def test_invariants_hold_with_prefetch_on(
 
 @pytest.mark.parametrize("layout", ["layer_kv", "block"])
 def test_queue_lookahead_lowers_ttft_when_requests_queue(layout):
+    """Requests queue behind a cap of two sequences, their documents evicted to DRAM: the
+    lookahead loads a queued request's document while the two ahead of it compute, so it
+    starts with its prefix in HBM instead of loading it after admission."""
     requests = shared_documents(n=150, docs=16, doc_tokens=8192, rate=10.0)
     # a 4.19 GiB pool: 0.9 x 23.93 GiB - 14.96 GiB weights - 2 GiB - 0.39 GiB activations
-    args = ("hardware.hbm.capacity=23.93GiB", f"hardware.link.copy_layout={layout}")
+    args = (
+        "hardware.hbm.capacity=23.93GiB", f"hardware.link.copy_layout={layout}",
+        "engine.max_num_seqs=2",
+    )  # fmt: skip
     base = make_config(*args, kv={"mode": "offload"})
     ahead = make_config(*args, kv={"mode": "offload", "prefetch": "queue_lookahead"})
     none, pf = simulate(base, requests).summary, simulate(ahead, requests).summary
     assert pf["prefetch_hits"] > 0
     assert pf["ttft_p50_s"] < none["ttft_p50_s"]
-    if layout == "block":
-        # whole-block copies run near the link's peak: the staged copies cost the queue little
-        assert pf["ttft_mean_s"] < none["ttft_mean_s"]
-    # (with vLLM's per-layer K/V chunks, ~75% of the peak, the speculative copies take link
-    # time the tail's demand loads wait for: the mean moves either way with the load)
+    assert pf["ttft_mean_s"] < none["ttft_mean_s"]
 
 
 def test_queue_lookahead_changes_nothing_without_dram_hits():
