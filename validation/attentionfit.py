@@ -11,10 +11,11 @@ KV length. The fits use the cost model's own equations (``docs/cost-model.md``):
   (``efficiency.decode_attention_latency``, ``efficiency.decode_attention``).
 
 Both are linear least squares in relative error, each GPU's rows against its own profile's
-peaks. A row measured on a card with no profile (``OTHER_CARDS``) joins the fit of the profile
-of its die, against its own card's peak: the fit is a fraction of peak, which the profile
-carries. ``python -m validation.attentionfit`` prints every profile's fit and its error on the
-points.
+peaks. A row measured on a card with no profile (``OTHER_CARDS``), or on a card whose rows
+join another profile's fit (``POOLED``), joins the fit of the profile of its die, against its
+own card's peaks: the fit is a fraction of peak, which the profile carries. Rows of role
+``check`` are priced by the fit and reported, not fitted. ``python -m validation.attentionfit``
+prints every profile's fit and its error on the points.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sim.config import load_hardware
 
 DATA = Path(__file__).parent / "data" / "attention_kernels.csv"
 KV_BYTES = 2.0  # bf16 K and V
+ROLES = ("fit", "check")  # fitted, or priced by the fit and reported
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class OtherCard:
 # [A2]), so 4 x 27.77 = 111.08 TFLOP/s.
 OTHER_CARDS = {"rtx-a5000": OtherCard(profile="a40", bf16_flops=4 * 27.77e12)}
 
+# Cards with a profile of their own whose rows join another profile's fit (same die and
+# kernels), each priced at its own profile's peaks: the H100 PCIe's FlashAttention-3 decode
+# rows are the Hopper decode fit that h100-sxm (and the Hopper profiles after it) carries.
+POOLED = {"h100-pcie": "h100-sxm"}
+
 
 @dataclass(frozen=True)
 class AttentionFit:
@@ -59,12 +66,20 @@ class AttentionFit:
     decode_latency_s: float
     prefill_errors: np.ndarray  # relative, predicted / measured - 1
     decode_errors: np.ndarray
+    decode_checks: np.ndarray  # the check rows' errors under the fit
 
 
 def load_points(path: Path = DATA) -> pd.DataFrame:
-    """The benchmark rows (comment lines skipped; a blank ``cached`` is no cache)."""
+    """The benchmark rows (comment lines skipped; a blank ``cached`` is no cache; ``role``
+    is ``fit`` or ``check``)."""
     points = pd.read_csv(path, comment="#")
     points["cached"] = points["cached"].fillna(0)
+    bad = points[~points.role.isin(ROLES)]
+    if len(bad):
+        raise ValueError(
+            f"{path.name} line {int(bad.index[0])}: role {bad.role.iloc[0]!r}; expected one of"
+            f" {', '.join(ROLES)}"
+        )
     return points
 
 
@@ -122,36 +137,53 @@ def fit_decode(
 
 
 def _profile_of(card: str) -> str:
-    return OTHER_CARDS[card].profile if card in OTHER_CARDS else card
+    if card in OTHER_CARDS:
+        return OTHER_CARDS[card].profile
+    return POOLED.get(card, card)
 
 
-def _peaks(cards: pd.Series, profile: str) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's card's BF16 peak and bandwidth (the profile's for its own rows); a card
-    without a profile has no bandwidth here, so it may not give decode rows."""
-    hw = load_hardware(profile)
-    flops = np.array([
-        OTHER_CARDS[c].bf16_flops if c in OTHER_CARDS else hw.compute.bf16_flops for c in cards
-    ])  # fmt: skip
-    bandwidth = np.array([np.nan if c in OTHER_CARDS else hw.hbm.bandwidth for c in cards])
-    return flops, bandwidth
+def _peaks(cards: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's card's BF16 peak and bandwidth (its own profile's); a card without a
+    profile has no bandwidth here, so it may not give decode rows."""
+    flops, bandwidth = [], []
+    for card in cards:
+        if card in OTHER_CARDS:
+            flops.append(OTHER_CARDS[card].bf16_flops)
+            bandwidth.append(np.nan)
+        else:
+            hw = load_hardware(card)
+            flops.append(hw.compute.bf16_flops)
+            bandwidth.append(hw.hbm.bandwidth)
+    return np.array(flops), np.array(bandwidth)
 
 
 def fit(gpu: str = "h100-sxm", path: Path = DATA) -> AttentionFit:
-    """Fit the rows of profile ``gpu`` (its own and those of ``OTHER_CARDS`` that join it),
-    each against the peaks of the card it ran on."""
+    """Fit the rows of profile ``gpu`` (its own and those of ``OTHER_CARDS`` and ``POOLED``
+    cards that join it), each against the peaks of the card it ran on."""
     points = load_points(path)
     rows = points[points.gpu.map(_profile_of) == gpu]
+    fitted = rows[rows.role == "fit"]
     for kind in ("prefill", "decode"):
-        if not (rows.kind == kind).any():
-            raise ValueError(f"{path.name} has no {kind} rows for {gpu}")
-    prefill, decode = rows[rows.kind == "prefill"], rows[rows.kind == "decode"]
-    flops, _ = _peaks(prefill.gpu, gpu)
-    _, bandwidth = _peaks(decode.gpu, gpu)
+        if not (fitted.kind == kind).any():
+            raise ValueError(f"{path.name} has no {kind} rows to fit for {gpu}")
+    prefill, decode = fitted[fitted.kind == "prefill"], fitted[fitted.kind == "decode"]
+    flops, _ = _peaks(prefill.gpu)
+    _, bandwidth = _peaks(decode.gpu)
     if np.isnan(bandwidth).any():
         raise ValueError(f"{path.name}: decode rows of a card without a profile for {gpu}")
     e_a, extra, prefill_errors = fit_prefill(prefill, flops)
     e_d, l_d, decode_errors = fit_decode(decode, bandwidth)
-    return AttentionFit(gpu, e_a, extra, e_d, l_d, prefill_errors, decode_errors)
+    checks = rows[(rows.role == "check") & (rows.kind == "decode")]
+    checked = decode_errors_at(checks, _peaks(checks.gpu)[1], e_d, l_d)
+    return AttentionFit(gpu, e_a, extra, e_d, l_d, prefill_errors, decode_errors, checked)
+
+
+def decode_errors_at(
+    rows: pd.DataFrame, bandwidth: np.ndarray, efficiency: float, latency: float
+) -> np.ndarray:
+    """Relative errors of decode rows priced with the given efficiency and latency."""
+    predicted = latency + decode_bytes(rows) / (bandwidth * efficiency)
+    return predicted / (rows.time_us.to_numpy() * 1e-6) - 1.0
 
 
 def main() -> None:
@@ -163,7 +195,12 @@ def main() -> None:
             f" (max error {np.abs(f.prefill_errors).max():.1%}); decode_attention "
             f"{f.decode_efficiency:.4f}, decode_attention_latency {f.decode_latency_s * 1e6:.2f}us"
             f" (max error {np.abs(f.decode_errors).max():.1%})"
+            + (f"; check rows {_span(f.decode_checks)}" if len(f.decode_checks) else "")
         )
+
+
+def _span(errors: np.ndarray) -> str:
+    return f"{errors.min():+.1%} .. {errors.max():+.1%}"
 
 
 if __name__ == "__main__":

@@ -128,9 +128,11 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.decode_attention`, `efficiency.decode_attention_latency` (paged decode)",
-        "h100-sxm (as above), a100-80g-sxm, a40 (rtx3090 carries the fraction)",
-        "FlashAttention-2 paged batch-decode benchmark on H100 SXM, microsoft/onnxruntime "
-        "PR #21414; Vidur's A100 and A40 decode-attention profiles (github.com/microsoft/"
+        "h100-sxm with the h100-pcie rows (as above), a100-80g-sxm, a40 (rtx3090 carries the "
+        "fraction)",
+        "FlashAttention-3 paged decode on an H100 PCIe, 128 to 32,000 tokens "
+        "(Dao-AILab/flash-attention#1572; github.com/TheRainstorm/attention_tests@75cdb15); "
+        "Vidur's A100 and A40 decode-attention profiles (github.com/microsoft/"
         "vidur, data/profiling/a100/attention.csv, data/profiling/compute/a40/meta-llama/"
         "Llama-2-7b-hf/attention.csv) (same CSV and fit)",
     ),

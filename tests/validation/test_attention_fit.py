@@ -39,6 +39,29 @@ def test_fit_error_on_the_published_points(h100_fit):
     assert np.abs(h100_fit.decode_errors).max() < 0.05
 
 
+def test_flash_attention_2_decode_on_hopper_is_a_check_slower_than_the_fit(h100_fit):
+    """The onnxruntime FlashAttention-2 rows are not fitted; FlashAttention-3's fit prices
+    every one of them faster than FlashAttention-2 ran (by more than 10%)."""
+    assert len(h100_fit.decode_checks) == 5
+    assert (h100_fit.decode_checks < -0.10).all()
+
+
+def test_pooled_rows_are_fractions_of_their_own_cards_peak(h100_fit):
+    """The H100 PCIe's rows are fitted against its own 2.0 TB/s: priced at the SXM's
+    3.35 TB/s instead, the same times would give an efficiency 2.0 / 3.35 as large."""
+    rows = attentionfit.load_points()
+    rows = rows[(rows.gpu == "h100-pcie") & (rows.kind == "decode")]
+    on_sxm, _, _ = attentionfit.fit_decode(rows, load_hardware("h100-sxm").hbm.bandwidth)
+    assert on_sxm == pytest.approx(h100_fit.decode_efficiency * 2.0 / 3.35, rel=1e-9)
+
+
+def test_an_unknown_role_is_refused_with_its_line(tmp_path):
+    data = attentionfit.DATA.read_text().replace(",check,", ",chek,", 1)
+    (tmp_path / "kernels.csv").write_text(data)
+    with pytest.raises(ValueError, match=r"kernels.csv line \d+: role 'chek'; expected one of"):
+        attentionfit.load_points(tmp_path / "kernels.csv")
+
+
 def test_a100_fit_error_on_the_published_points(a100_fit):
     """FlashAttention-2 prefill on an A100 within 5%; Vidur's decode profile within 10% (its
     times step with the kernel's waves over the SMs, which the model does not have)."""
@@ -127,19 +150,20 @@ def test_prefill_fit_counts_cached_keys_and_measured_times():
 
 
 def test_cost_model_prices_the_benchmarked_decode_kernel_as_fitted(h100_fit):
-    """A Llama-3-70B-shaped layer (64 / 8 heads of 128), 64 sequences at the benchmark's
-    KV lengths: the cost model's decode attention per layer is the fit's prediction."""
-    hw = load_hardware("h100-sxm")
-    model = ModelSpec(
-        name="bench", layers=1, hidden=8192, heads=64, kv_heads=8, head_dim=128,
-        intermediate=28672, vocab=128256, dtype="bf16",
-    )  # fmt: skip
-    cost = CostModel(model, CostParams.from_hardware(hw))
+    """Each fitted decode row, a one-layer model of its heads on its own card's profile and
+    its batch at its KV length: the cost model's decode attention is the fit's prediction."""
     rows = attentionfit.load_points()
-    rows = rows[(rows.gpu == "h100-sxm") & (rows.kind == "decode")]
+    rows = rows[(rows.gpu.map(attentionfit._profile_of) == "h100-sxm") & (rows.role == "fit")]
+    rows = rows[rows.kind == "decode"]
     for row, error in zip(rows.itertuples(), h100_fit.decode_errors, strict=True):
+        model = ModelSpec(
+            name="bench", layers=1, hidden=row.heads * 128, heads=row.heads,
+            kv_heads=row.kv_heads, head_dim=128, intermediate=4 * row.heads * 128,
+            vocab=32000, dtype="bf16",
+        )  # fmt: skip
+        cost = CostModel(model, CostParams.from_hardware(load_hardware(row.gpu)))
         # the cost model's decode reads the new token too: context = seqlen - 1
-        priced = cost.attention_time(np.ones(64), np.full(64, row.seqlen - 1))
+        priced = cost.attention_time(np.ones(row.batch), np.full(row.batch, row.seqlen - 1))
         assert priced / (row.time_us * 1e-6) - 1 == pytest.approx(error, abs=0.002)
 
 
