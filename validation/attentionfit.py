@@ -77,8 +77,8 @@ def load_points(path: Path = DATA) -> pd.DataFrame:
     bad = points[~points.role.isin(ROLES)]
     if len(bad):
         raise ValueError(
-            f"{path.name} line {int(bad.index[0])}: role {bad.role.iloc[0]!r}; expected one of"
-            f" {', '.join(ROLES)}"
+            f"{path.name}, data row {int(bad.index[0]) + 1}: role {bad.role.iloc[0]!r};"
+            f" expected one of {', '.join(ROLES)}"
         )
     return points
 
@@ -130,10 +130,9 @@ def fit_decode(
     """(efficiency, latency, relative errors) of the decode rows; ``bandwidth`` is the peak of
     the card each row ran on (one for all, or one per row)."""
     t = rows.time_us.to_numpy() * 1e-6
-    kv = decode_bytes(rows) / bandwidth
-    latency, slope = _relative_lstsq([np.ones_like(t), kv], t)
-    predicted = latency + kv * slope
-    return 1.0 / slope, float(latency), predicted / t - 1.0
+    latency, slope = _relative_lstsq([np.ones_like(t), decode_bytes(rows) / bandwidth], t)
+    efficiency, latency = 1.0 / slope, float(latency)
+    return efficiency, latency, decode_errors_at(rows, bandwidth, efficiency, latency)
 
 
 def _profile_of(card: str) -> str:

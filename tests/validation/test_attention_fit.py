@@ -55,10 +55,11 @@ def test_pooled_rows_are_fractions_of_their_own_cards_peak(h100_fit):
     assert on_sxm == pytest.approx(h100_fit.decode_efficiency * 2.0 / 3.35, rel=1e-9)
 
 
-def test_an_unknown_role_is_refused_with_its_line(tmp_path):
+def test_an_unknown_role_is_refused_with_its_row(tmp_path):
+    """The first check row, after the six H100 prefill rows, is the seventh data row."""
     data = attentionfit.DATA.read_text().replace(",check,", ",chek,", 1)
     (tmp_path / "kernels.csv").write_text(data)
-    with pytest.raises(ValueError, match=r"kernels.csv line \d+: role 'chek'; expected one of"):
+    with pytest.raises(ValueError, match=r"kernels.csv, data row 7: role 'chek'; expected one"):
         attentionfit.load_points(tmp_path / "kernels.csv")
 
 
