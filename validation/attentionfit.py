@@ -67,6 +67,7 @@ class AttentionFit:
     prefill_errors: np.ndarray  # relative, predicted / measured - 1
     decode_errors: np.ndarray
     decode_checks: np.ndarray  # the check rows' errors under the fit
+    prefill_checks: np.ndarray
 
 
 def load_points(path: Path = DATA) -> pd.DataFrame:
@@ -112,16 +113,30 @@ def fit_prefill(
 ) -> tuple[float, int, np.ndarray]:
     """(efficiency, extra keys, relative errors) of the prefill rows; ``peak_flops`` is the
     peak of the card each row ran on (one for all, or one per row)."""
-    t = prefill_seconds(rows)
+    pairs, queries = _prefill_terms(rows, peak_flops)
+    slope, extra_slope = _relative_lstsq([pairs, queries], prefill_seconds(rows))
+    efficiency, extra = 1.0 / slope, round(float(extra_slope / slope))
+    return efficiency, extra, prefill_errors_at(rows, peak_flops, efficiency, extra)
+
+
+def _prefill_terms(
+    rows: pd.DataFrame, peak_flops: float | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds at full peak of each prefill row's attended (query, key) pairs and of one key
+    per query token: the fit's two columns."""
     per_pair = (4.0 * rows.heads * rows.head_dim).to_numpy(dtype=np.float64) / peak_flops
     queries = (rows.batch * rows.seqlen).to_numpy(dtype=np.float64)
     cached = rows.cached.to_numpy(dtype=np.float64) if "cached" in rows else 0.0
     pairs = queries * (cached + (rows.seqlen + 1.0).to_numpy() / 2.0)
-    slope, extra_slope = _relative_lstsq([pairs * per_pair, queries * per_pair], t)
-    efficiency = 1.0 / slope
-    extra = round(float(extra_slope / slope))
-    predicted = (pairs + queries * extra) * per_pair / efficiency
-    return efficiency, extra, np.asarray(predicted / t - 1.0)
+    return pairs * per_pair, queries * per_pair
+
+
+def prefill_errors_at(
+    rows: pd.DataFrame, peak_flops: float | np.ndarray, efficiency: float, extra: int
+) -> np.ndarray:
+    """Relative errors of prefill rows priced with the given efficiency and extra keys."""
+    pairs, queries = _prefill_terms(rows, peak_flops)
+    return np.asarray((pairs + queries * extra) / efficiency / prefill_seconds(rows) - 1.0)
 
 
 def fit_decode(
@@ -172,9 +187,16 @@ def fit(gpu: str = "h100-sxm", path: Path = DATA) -> AttentionFit:
         raise ValueError(f"{path.name}: decode rows of a card without a profile for {gpu}")
     e_a, extra, prefill_errors = fit_prefill(prefill, flops)
     e_d, l_d, decode_errors = fit_decode(decode, bandwidth)
-    checks = rows[(rows.role == "check") & (rows.kind == "decode")]
-    checked = decode_errors_at(checks, _peaks(checks.gpu)[1], e_d, l_d)
-    return AttentionFit(gpu, e_a, extra, e_d, l_d, prefill_errors, decode_errors, checked)
+    checks = rows[rows.role == "check"]
+    prefill_checks, decode_checks = (
+        checks[checks.kind == "prefill"],
+        checks[checks.kind == "decode"],
+    )
+    return AttentionFit(
+        gpu, e_a, extra, e_d, l_d, prefill_errors, decode_errors,
+        decode_errors_at(decode_checks, _peaks(decode_checks.gpu)[1], e_d, l_d),
+        prefill_errors_at(prefill_checks, _peaks(prefill_checks.gpu)[0], e_a, extra),
+    )  # fmt: skip
 
 
 def decode_errors_at(
@@ -194,7 +216,11 @@ def main() -> None:
             f" (max error {np.abs(f.prefill_errors).max():.1%}); decode_attention "
             f"{f.decode_efficiency:.4f}, decode_attention_latency {f.decode_latency_s * 1e6:.2f}us"
             f" (max error {np.abs(f.decode_errors).max():.1%})"
-            + (f"; check rows {_span(f.decode_checks)}" if len(f.decode_checks) else "")
+            + "".join(
+                f"; {kind} check rows {_span(errors)}"
+                for kind, errors in (("prefill", f.prefill_checks), ("decode", f.decode_checks))
+                if len(errors)
+            )
         )
 
 
