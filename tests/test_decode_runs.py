@@ -81,6 +81,17 @@ CASES = {
         synthetic(30, LOGNORMAL, 60, 10.0),
     ),
     "all at once": ([], {**synthetic(50, 200, 30, 1.0), "arrival": {"kind": "all_at_once"}}),
+    # host time about as long as the steps (~6.7 ms): the GPU waits for it in some steps only
+    # (187 of 500)
+    "asynchronous scheduling": (
+        [
+            "engine.async_scheduling=true",
+            "hardware.efficiency.async_step_gap=150us",
+            "hardware.efficiency.step_overhead=6ms",
+            "hardware.efficiency.sequence_overhead=100us",
+        ],
+        synthetic(60, LOGNORMAL, {"kind": "uniform", "min": 5, "max": 90}, 20.0),
+    ),
     # one decoder leaves a prompt one token a step: such steps are not prefill chunks (the
     # run's chunk pricing needs two or more), each is priced as the loop prices it
     "a budget of one token beside a decoder": (
@@ -216,7 +227,7 @@ def test_decode_steps_equal_one_step_at_a_time(
         assert (step.linear_s, step.attention_s, step.overhead_s) == (
             linear,
             attention[j],
-            overhead,
+            overhead[j],
         )
 
 

@@ -91,7 +91,7 @@ def test_decode_steps_equal_step_with_the_new_terms(runtime, tiny_model):
         assert (step.linear_s, step.attention_s, step.overhead_s) == (
             linear,
             attention[j],
-            overhead,
+            overhead[j],
         )
 
 
@@ -121,6 +121,7 @@ def test_one_request_alone_ttft_is_prefill_price_plus_host_costs():
     [
         ("hardware.efficiency.decode_attention=1.5", "less than or equal to 1 (got 1.5)"),
         ("hardware.efficiency.sequence_overhead=1s", "at most 10 ms"),
+        ("hardware.efficiency.async_step_gap=1s", "at most 100 ms"),
         ("hardware.efficiency.attention_extra_keys=-3", "greater than or equal to 0"),
     ],
 )
@@ -128,3 +129,86 @@ def test_bad_values_name_the_key(setting, message):
     with pytest.raises(ConfigError) as error:
         make_config(setting)
     assert setting.split("=")[0] in str(error.value) and message in str(error.value)
+
+
+GAP = 150e-6  # efficiency.async_step_gap in the asynchronous tests
+
+
+@pytest.fixture
+def asynchronous(runtime):
+    """``runtime`` scheduling asynchronously, with a step gap and a per-layer overhead."""
+    return dataclasses.replace(
+        runtime, async_scheduling=True, async_step_gap_s=GAP, layer_overhead_s=2e-6
+    )
+
+
+def test_async_step_hides_host_time_under_longer_kernels(asynchronous, runtime, tiny_model):
+    """Host time shorter than the step's kernels: the GPU idles only the step gap."""
+    contexts = np.full(4, 50_000)  # ~0.8 ms of decode attention, against 380 us of host time
+    step = CostModel(tiny_model, asynchronous).step(np.ones(4), contexts, 4)
+    kernels = step.linear_s + step.attention_s + 2 * 2e-6
+    assert kernels > STEP + 4 * SEQ
+    assert step.idle_host_s == GAP
+    assert step.total_s == pytest.approx(kernels + GAP, rel=1e-12)
+    sync = CostModel(tiny_model, dataclasses.replace(asynchronous, async_scheduling=False))
+    assert sync.step(np.ones(4), contexts, 4).total_s == pytest.approx(
+        kernels + STEP + 4 * SEQ, rel=1e-12
+    )
+
+
+def test_async_step_waits_for_host_time_longer_than_its_kernels(asynchronous, tiny_model):
+    """Host time longer than the step's kernels: the step lasts the host time and the gap."""
+    contexts = np.full(64, 10)  # tiny kernels, 300 us + 64 x 20 us of host time
+    step = CostModel(tiny_model, asynchronous).step(np.ones(64), contexts, 64)
+    kernels = step.linear_s + step.attention_s + 2 * 2e-6
+    host = STEP + 64 * SEQ
+    assert kernels < host
+    assert step.idle_host_s == pytest.approx(GAP + host - kernels, rel=1e-12)
+    assert step.total_s == pytest.approx(host + GAP, rel=1e-12)
+
+
+def test_async_decode_steps_equal_step(asynchronous, tiny_model):
+    """The vectorised decode steps price the gap step by step, where host time and kernels
+    cross over as the contexts grow."""
+    context = np.array([100, 20_000, 37])
+    ones = np.ones(3, dtype=np.int64)
+    middle = CostModel(tiny_model, asynchronous).step(ones, context + 200, 3)
+    kernels = middle.linear_s + middle.attention_s + 2 * 2e-6
+    # host time as long as the kernels of step 200: longer before, shorter after
+    cost = CostModel(
+        tiny_model, dataclasses.replace(asynchronous, step_overhead_s=kernels - 3 * SEQ)
+    )
+    linear, attention, overhead = cost.decode_steps(context, 400)
+    first, last = (cost.step(ones, context + j, 3).idle_host_s for j in (0, 399))
+    assert first > GAP and last == GAP  # crosses over
+    for j in range(0, 400, 7):
+        step = cost.step(ones, context + j, 3)
+        assert (step.linear_s, step.attention_s, step.overhead_s) == (
+            linear,
+            attention[j],
+            overhead[j],
+        )
+
+
+def test_one_request_alone_ttft_under_async_scheduling_is_prefill_price_plus_gap():
+    prompt = 1000
+    config = make_config(
+        "engine.async_scheduling=true",
+        "hardware.efficiency.async_step_gap=120us",
+        "hardware.efficiency.step_overhead=250us",
+        "hardware.efficiency.sequence_overhead=40us",
+        workload={
+            "kind": "synthetic",
+            "num_requests": 1,
+            "arrival": {"kind": "all_at_once"},
+            "prompt_tokens": prompt,
+            "output_tokens": 3,
+        },
+    )
+    params = CostParams.from_hardware(config.hardware)
+    cost = CostModel(config.model, params, config.kv_dtype_bytes)
+    kernels = cost.linear_time(prompt, 1) + cost.attention_time(np.array([prompt]), np.array([0]))
+    layers = config.model.layers * params.layer_overhead_s
+    assert kernels + layers > 290e-6  # the host time hides under the prefill
+    ttft = simulate(config).requests.ttft_s.iloc[0]
+    assert ttft == pytest.approx(kernels + layers + 120e-6, rel=1e-12)

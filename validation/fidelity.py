@@ -164,6 +164,13 @@ FIT_PROVENANCE = (
         "output processing, #46112 per-sequence update); not fitted",
     ),
     (
+        "`efficiency.async_step_gap` (the GPU's idle time a step under "
+        "`engine.async_scheduling`, set on the rows of vLLM 0.14 or later)",
+        "the emmy rows",
+        "an estimate: the 150-170 us step gap of vllm-project/vllm#11133's V1 prototype at "
+        "batch 256; not fitted",
+    ),
+    (
         "host copies (`link.h2d`, `link.d2h`, `link.half_efficiency_bytes`, "
         "`link.chunk_blend`, `link.load_overhead`)",
         "h100-sxm, h100-pcie (others carry the per-chunk cost over)",

@@ -120,6 +120,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     Plausible("load overhead", DURATION, 0.0, 1.0, 100e-6),
     Plausible("step overhead", DURATION, 0.0, 1.0, 3e-3),
     Plausible("sequence overhead", DURATION, 0.0, 10e-3, 20e-6),
+    Plausible("asynchronous step gap", DURATION, 0.0, 100e-3, 160e-6),
     Plausible("front-end latency", DURATION, 0.0, 10.0, 10e-3),
     Plausible("front-end time a token", DURATION, 0.0, 1e-3, 2e-6),
     Plausible("kernel latency", DURATION, 0.0, 100e-3, 10e-6),

@@ -194,7 +194,9 @@ class Efficiency(Strict):
     efficiency, reading its weights once.
 
     The overheads are the serving runtime's host time (vLLM V1 in the GPU profiles): a fixed
-    ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step.
+    ``step_overhead`` per engine step and ``sequence_overhead`` per sequence in the step,
+    with the GPU idle; under ``engine.async_scheduling`` the GPU instead idles
+    ``async_step_gap`` a step, plus whatever host time its step does not hide.
     Attention: ``attention`` and ``attention_extra_keys`` price the prefill (flash) kernel,
     ``decode_attention`` and ``decode_attention_latency`` the decode (paged) kernel
     (``docs/cost-model.md``). The routed experts run as one fused-MoE kernel call, not a dense
@@ -228,6 +230,7 @@ class Efficiency(Strict):
     moe_latency: KernelSeconds = 0.0
     moe_row_time: KernelSeconds = 0.0
     sequence_overhead: Annotated[Seconds, plausible("sequence overhead")] = 0.0
+    async_step_gap: Annotated[Seconds, plausible("asynchronous step gap")] = 0.0
 
     @model_validator(mode="after")
     def _passes_need_a_row_block(self) -> Efficiency:

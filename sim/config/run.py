@@ -50,6 +50,14 @@ class EngineConfig(Strict):
         "PR #10511); ~14-16 for FlashInfer's or the Triton sampler (by tensor count); "
         "docs/cost-model.md, 'Activation peak'",
     )
+    async_scheduling: bool = Field(
+        False,
+        description="schedule step n+1 while the GPU runs step n (vLLM's `--async-scheduling`; "
+        "its default from v0.14): the runtime's host time (`hardware.efficiency.step_overhead`, "
+        "`sequence_overhead`) hides under the previous step and the GPU idles "
+        "`hardware.efficiency.async_step_gap` a step, plus the host time a step too short to "
+        "hide it leaves; false: the GPU idles for all of it (vLLM V1 up to v0.13)",
+    )
     frontend_latency: Annotated[Seconds, plausible("front-end latency")] = Field(
         0.0,
         description="time from a client sending a request to the scheduler seeing it (the "

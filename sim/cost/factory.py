@@ -23,7 +23,12 @@ def cost_model_for(config: RunConfig) -> CostModel:
     from sim.config.parallel import shard_model  # tensor parallelism, loaded when used
 
     params = CostParams.from_hardware(config.hardware)
-    params = replace(params, sampler_bytes_per_logit=config.engine.sampler_bytes_per_logit)
+    engine = config.engine
+    params = replace(
+        params,
+        sampler_bytes_per_logit=engine.sampler_bytes_per_logit,
+        async_scheduling=engine.async_scheduling,
+    )
     n = config.tensor_parallel_size
     model, comm = shard_model(config.model, n), collectives_for(config)
     if config.hardware.cost_model == "table":

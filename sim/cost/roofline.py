@@ -21,6 +21,8 @@ from sim.config.model import ModelSpec
 if TYPE_CHECKING:  # built by the factory only under tensor parallelism
     from sim.cost.collectives import Collectives
 
+Duration = float | np.ndarray  # seconds: of one step, or of each of several steps
+
 # The sampler's dummy run of the memory profile: bytes per logit (one sequence x one vocab
 # entry) at its peak; the default of engine.sampler_bytes_per_logit (PyTorch's sort path).
 # fit: vLLM PR #10511's Llama-3-8B profile on an H100 (max_num_seqs 256, 8192 batched
@@ -112,6 +114,8 @@ class CostParams:
     decode_attention_efficiency: float | None = None
     decode_attention_latency_s: float | None = None
     sequence_overhead_s: float = 0.0
+    async_scheduling: bool = False  # engine.async_scheduling
+    async_step_gap_s: float = 0.0  # efficiency.async_step_gap
     fp8_flops: float | None = None
     gemm_row_block: int | None = None
     gemm_max_passes: int | None = None
@@ -145,6 +149,7 @@ class CostParams:
             decode_attention_efficiency=eff.decode_attention,
             decode_attention_latency_s=eff.decode_attention_latency,
             sequence_overhead_s=eff.sequence_overhead,
+            async_step_gap_s=eff.async_step_gap,
             fp8_flops=hw.compute.fp8_flops,
             gemm_row_block=eff.gemm_row_block,
             gemm_max_passes=eff.gemm_max_passes,
@@ -299,12 +304,14 @@ def kernel_seconds(
 @dataclass(frozen=True)
 class StepCost:
     """One step's time, by part (seconds); ``comm_s``, the tensor-parallel collectives, is
-    a part of ``linear_s`` (they run between the GEMMs, on the compute stream)."""
+    a part of ``linear_s`` (they run between the GEMMs, on the compute stream), and
+    ``idle_host_s``, the runtime's host time the GPU waits out, a part of ``overhead_s``."""
 
     linear_s: float
     attention_s: float
     overhead_s: float
     comm_s: float = 0.0
+    idle_host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -548,16 +555,22 @@ class CostModel:
     def step(self, new_tokens: np.ndarray, context: np.ndarray, sampled: int) -> StepCost:
         """Cost of one forward pass over a batch (prefill chunks and decodes mixed)."""
         tokens = int(np.sum(new_tokens))
+        linear = self.linear_time(tokens, sampled)
+        attention = self.attention_time(new_tokens, context)
+        sequences = int(np.count_nonzero(new_tokens))
+        layers = self.model.layers * self.params.layer_overhead_s
+        idle = self.idle_host_s(sequences, linear + attention + layers)
         return StepCost(
-            linear_s=self.linear_time(tokens, sampled),
-            attention_s=self.attention_time(new_tokens, context),
-            overhead_s=self.overhead_s(int(np.count_nonzero(new_tokens))),
+            linear_s=linear,
+            attention_s=attention,
+            overhead_s=idle + layers,  # as overhead_s adds them
             comm_s=self.comm_time(tokens, sampled),
+            idle_host_s=idle,
         )
 
-    def decode_steps(self, context: np.ndarray, steps: int) -> tuple[float, np.ndarray, float]:
-        """(linear, attention per step, overhead) seconds of ``steps`` consecutive decode
-        steps of one batch whose contexts start at ``context`` and grow a token a step.
+    def decode_steps(self, context: np.ndarray, steps: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """(linear, attention per step, overhead per step) seconds of ``steps`` consecutive
+        decode steps of one batch whose contexts start at ``context`` and grow a token a step.
 
         The same floating-point results as :meth:`step` on each of those steps (a test
         checks): the roofline's per-step sums are row sums of one 2-D array.
@@ -567,13 +580,12 @@ class CostModel:
             ones = np.ones(n, dtype=np.int64)
             costs = [self.step(ones, context + j, n) for j in range(steps)]
             attention = np.array([c.attention_s for c in costs])
-            return costs[0].linear_s, attention, costs[0].overhead_s
+            return costs[0].linear_s, attention, np.array([c.overhead_s for c in costs])
         latency = self.model.layers * self.params.decode_latency_s
-        return (
-            self.linear_time(n, n),
-            self._decode_kernels(context, steps) + latency,
-            self.overhead_s(n),
-        )
+        linear = self.linear_time(n, n)
+        attention = self._decode_kernels(context, steps) + latency
+        overhead = np.broadcast_to(self.overhead_s(n, linear + attention), attention.shape)
+        return linear, attention, overhead
 
     @property
     def roofline_attention(self) -> bool:
@@ -583,13 +595,24 @@ class CostModel:
     def host_s(self, sequences: int) -> float:
         """The runtime's host time of a step of ``sequences`` sequences: a fixed cost per step
         (scheduling, input preparation, launch) and one per sequence (its input and block-table
-        rows, sampling, output processing), with the GPU idle."""
+        rows, sampling, output processing)."""
         p = self.params
         return p.step_overhead_s + sequences * p.sequence_overhead_s
 
-    def overhead_s(self, sequences: int) -> float:
-        """The step's time outside its kernels: host time plus the per-layer overhead."""
-        return self.host_s(sequences) + self.model.layers * self.params.layer_overhead_s
+    def idle_host_s(self, sequences: int, kernels_s: Duration) -> Duration:
+        """The host time the GPU waits out in a step whose kernels take ``kernels_s``: all of
+        it, or under asynchronous scheduling (the next step prepared while this one runs) the
+        step gap it leaves plus what the kernels are too short to hide."""
+        p = self.params
+        if not p.async_scheduling:
+            return self.host_s(sequences)
+        return p.async_step_gap_s + np.maximum(self.host_s(sequences) - kernels_s, 0.0)
+
+    def overhead_s(self, sequences: int, kernels_s: Duration) -> Duration:
+        """The step's time outside its GEMMs and attention (``kernels_s``): the host time the
+        GPU waits out plus the per-layer overhead."""
+        layers = self.model.layers * self.params.layer_overhead_s
+        return self.idle_host_s(sequences, kernels_s + layers) + layers
 
     def _vectorised(self) -> bool:
         """Whether attention is this roofline (a step's sums can be rows of one array)."""

@@ -133,7 +133,7 @@ class Instance:
             self.on_compute(batch, compute)
         engine = self.config.engine
         yield from compute_with_fetch(
-            self.env, self.links.h2d, io, compute, self.cost.host_s(len(batch.ids)),
+            self.env, self.links.h2d, io, compute, cost.idle_host_s,
             self.config.model.layers, self.config.kv.layerwise, engine.layer_events,
         )  # fmt: skip
         step_s = self.env.now - start

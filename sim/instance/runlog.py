@@ -68,7 +68,7 @@ class RunLog:
         context: np.ndarray,
         linear: float,
         attention: np.ndarray,
-        overhead: float,
+        overhead: np.ndarray,
         e: StepHost,
     ) -> None:
         """``len(attention)`` decode steps of a batch whose contexts start at ``context``."""
@@ -76,7 +76,7 @@ class RunLog:
         self._add_shapes(n, [n] * k, [0] * k, [n] * k, [e.cost.activation_bytes(n, n)] * k)
         self.linear += [linear] * k
         self.attention += attention.tolist()
-        self.overhead += [overhead] * k
+        self.overhead += overhead[:k].tolist()
         self.reads += _reads(context, k, e).tolist()
 
     def _add_shapes(

@@ -252,7 +252,7 @@ class StepPlanner:
         computed, generated, prompt = self.computed, self.generated, self.prompt
         total, sampled, prefill, reads, attention = self.tally(tokens, computed, prompt, generated)
         linear = e.cost.linear_time(total, sampled)
-        overhead = self.overhead(len(tokens) - tokens.count(0))
+        overhead = self.overhead(len(tokens) - tokens.count(0), linear + attention)
         compute = linear + attention + overhead
         end = log.now + compute
         log.compute.append(compute)
@@ -341,7 +341,7 @@ class StepPlanner:
         linear, activations = e.cost.linear_time(n, n), e.cost.activation_bytes(n, n)
         for column, value in (
             (log.batch, n), (log.tokens, n), (log.prefill, 0), (log.sampled, n),
-            (log.linear, linear), (log.overhead, self.overhead(n)), (log.activations, activations),
+            (log.linear, linear), (log.activations, activations),
             (log.hits, NO_HITS), (log.running, n), (log.cached, 0),
         ):  # fmt: skip
             column += [value] * taken
@@ -360,9 +360,11 @@ class StepPlanner:
         bt, n, ids, held, grow = self.bt, len(self.ids), self.ids, self.held, self._grow
         spans, growth, full = self._spans()
         reads = sum(held)
-        linear, overhead = self.e.cost.linear_time(n, n), self.overhead(n)
+        linear, overhead = self.e.cost.linear_time(n, n), self.overhead
+        steady = None if self.e.cost.params.async_scheduling else overhead(n, 0.0)
         latency = self.decode_latency
         compute_at, attention_at = log.compute.append, log.attention.append
+        overhead_at = log.overhead.append
         reads_at, resident_at = log.reads.append, log.resident.append
         exact, ones, contexts = self.exact, None, None
         if not exact:  # each step's attention is the cost model's call
@@ -379,10 +381,12 @@ class StepPlanner:
                 attention = self._decode_kernel(spans) + latency
             else:
                 attention = self.e.cost.attention_time(ones, contexts + taken)
-            compute = linear + attention + overhead
+            spent = overhead(n, linear + attention) if steady is None else steady
+            compute = linear + attention + spent
             now = now + compute
             compute_at(compute)
             attention_at(attention)
+            overhead_at(spent)
             reads_at(reads)
             resident_at(self.resident)
             reads += len(new)
