@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import load_hardware
+from validation.fit import read_data
 
 DATA = Path(__file__).parent / "data" / "attention_kernels.csv"
 KV_BYTES = 2.0  # bf16 K and V
@@ -73,7 +74,7 @@ class AttentionFit:
 def load_points(path: Path = DATA) -> pd.DataFrame:
     """The benchmark rows (comment lines skipped; a blank ``cached`` is no cache; ``role``
     is ``fit`` or ``check``)."""
-    points = pd.read_csv(path, comment="#")
+    points = read_data(path)
     points["cached"] = points["cached"].fillna(0)
     bad = points[~points.role.isin(ROLES)]
     if len(bad):

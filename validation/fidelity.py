@@ -105,9 +105,16 @@ FIT_PROVENANCE = (
         "validation/data/vidur_a40; `kvsim calibrate`, docs/validation.md)",
     ),
     (
-        "`efficiency.gemm` of h200-sxm",
-        "h200-sxm",
-        "set from the H100 fit's range (same compute die), not fitted",
+        "`efficiency.gemm_memory` of h200-sxm (its other GEMM and kernel parameters are "
+        "h100-sxm's: the same die and clocks); `efficiency.hbm` of h100-sxm, h200-sxm, gh200; "
+        "the decode-attention bandwidth h200-sxm and gh200 carry",
+        "h200-sxm; h100-sxm, h200-sxm, gh200",
+        "torch's one-token GEMV on an H200 (tile-ai/TileOPs PR #244), with h100-sxm's "
+        "gemm_latency held; BabelStream triad and dot on Azure's ND H100 v5 and ND H200 v5 "
+        "(Azure/AI-benchmarking-guide), OpenCL-Benchmark's read on a GH200 "
+        "(mredenti/PowerCapping); decode attention as h100-sxm's ratio to its weight "
+        "streaming, at most the card's read stream (validation/data/memory_streaming.csv, "
+        "`python -m validation.streamfit`)",
     ),
     (
         "all-reduce model (`interconnect.*`), NIC (`nic.*`)",
@@ -128,8 +135,8 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.decode_attention`, `efficiency.decode_attention_latency` (paged decode)",
-        "h100-sxm with the h100-pcie rows (as above), a100-80g-sxm, a40 (rtx3090 carries the "
-        "fraction)",
+        "h100-sxm with the h100-pcie rows (h100-pcie carries the fraction; h200-sxm, gh200 the "
+        "call's time), a100-80g-sxm, a40 (rtx3090 carries the fraction)",
         "FlashAttention-3 paged decode on an H100 PCIe, 128 to 32,000 tokens "
         "(Dao-AILab/flash-attention#1572; github.com/TheRainstorm/attention_tests@75cdb15); "
         "Vidur's A100 and A40 decode-attention profiles (github.com/microsoft/"

@@ -14,9 +14,12 @@ numpy form; ``tests/validation/test_fit.py`` checks they agree with ``sim.cost.r
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy.optimize import least_squares
 
 from sim.errors import KvsimError
@@ -27,6 +30,13 @@ MIN_POINTS = 4
 ROW_BLOCKS = (1, 2, 3, 4, 6, 8, 12, 16)  # candidate rows per weight pass (MKL: a few)
 MAX_PASSES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, None)  # candidate limits (None: none)
 ROW_BLOCK_GAIN = 0.7  # a row block is kept only if it cuts the fit's cost below this share
+
+
+def read_data(path: Path, **options) -> pd.DataFrame:
+    """A data file the fits read: a CSV whose lines starting with ``#`` are its notes (a
+    ``#`` inside a row, as in "PR #244", is text, which ``read_csv``'s ``comment`` cuts)."""
+    lines = [line for line in path.read_text().splitlines(True) if not line.startswith("#")]
+    return pd.read_csv(io.StringIO("".join(lines)), **options)
 
 
 @dataclass(frozen=True)

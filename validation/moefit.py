@@ -45,6 +45,7 @@ from scipy.optimize import least_squares
 from sim.config.loader import load_hardware, load_model
 from sim.config.parallel import shard_model
 from sim.cost.roofline import CostModel, CostParams, blend
+from validation.fit import read_data
 
 DATA = Path(__file__).parent / "data" / "moe_kernels.csv"
 FITTED = "-tuned"  # kernel suffix of the rows fitted
@@ -97,7 +98,7 @@ class Parts:
 
 def load_points(path: Path = DATA) -> pd.DataFrame:
     """The benchmark rows (comment lines skipped)."""
-    return pd.read_csv(path, comment="#")
+    return read_data(path)
 
 
 def _cost_model(gpu: str, model: str, tp: int, dtype: str) -> CostModel:
@@ -172,10 +173,15 @@ def _latency(dense: np.ndarray, activation: np.ndarray, t: np.ndarray) -> float:
 
 
 def solve(
-    pieces: Parts, t: np.ndarray, latency: bool = True, row_time: bool = True
+    pieces: Parts,
+    t: np.ndarray,
+    latency: bool = True,
+    row_time: bool = True,
+    memory_max: float = 10.0,
 ) -> tuple[float, float, float, float]:
     """(e_x, e_xm, r_x, l_x) minimising Σ ((activation + Σ blend(c/e_x + n·r_x, m/e_xm) + l) /
-    t - 1)², r_x, l ≥ 0 (``latency`` False: l = 0; ``row_time`` False: r_x = 0). The
+    t - 1)², r_x, l ≥ 0, e_xm ≤ ``memory_max`` (``latency`` False: l = 0; ``row_time`` False:
+    r_x = 0). The
     efficiencies are searched in log space and r_x in nanoseconds from the eight best points of
     a coarse grid, the lowest minimum kept; l is the closed-form optimum at each."""
 
@@ -197,8 +203,12 @@ def solve(
         ((a, b, *n) for a in grid for b in grid for n in rows),
         key=lambda x: float(np.sum(residuals(np.asarray(x)) ** 2)),
     )
-    low, high = [np.log(0.05)] * 2 + [0.0] * row_time, [np.log(10.0)] * 2 + [1000.0] * row_time
-    runs = (least_squares(residuals, np.asarray(x), bounds=(low, high)) for x in starts[:8])
+    low = [np.log(0.05)] * 2 + [0.0] * row_time
+    high = [np.log(10.0), np.log(memory_max)] + [1000.0] * row_time
+    runs = (
+        least_squares(residuals, np.minimum(x, np.asarray(high) - 1e-9), bounds=(low, high))
+        for x in starts[:8]
+    )
     best = min(runs, key=lambda run: run.cost)  # the landscape has local minima
     e, em, r = unpack(best.x)
     return e, em, r, lat(e, em, r)
@@ -230,6 +240,17 @@ def _left_out(rows: pd.DataFrame, pieces: Parts) -> np.ndarray:
     return (_seconds(rows) <= pieces.floor) | launch_bound(rows)
 
 
+def memory_max(rows: pd.DataFrame) -> float:
+    """The largest e_xm no row's card streams faster than its peak HBM bandwidth at: its
+    ``hbm.bandwidth`` over its dense GEMM's weight-streaming bandwidth, the least over the
+    cards of ``rows``."""
+    ratios = []
+    for gpu in set(rows.gpu):
+        hardware = load_hardware(gpu)
+        ratios.append(hardware.hbm.bandwidth / CostParams.from_hardware(hardware).gemm_bandwidth)
+    return min(ratios)
+
+
 def fit(
     gpu: str = "h100-sxm", path: Path = DATA, latency: bool = True, row_time: bool = True
 ) -> MoeFit:
@@ -243,7 +264,7 @@ def fit(
     keep = ~_left_out(rows, pieces)
     rows, pieces = rows[keep], pieces.pick(keep)
     t = _seconds(rows)
-    e, em, r, lat = solve(pieces, t, latency, row_time)
+    e, em, r, lat = solve(pieces, t, latency, row_time, memory_max(rows))
     errors = (pieces.activation + pieces.dense(e, em, r) + lat) / t - 1.0
     bare = (pieces.activation + pieces.dense()) / t - 1.0
     return MoeFit(gpu, e, em, r, lat, shape_names(rows), rows.tokens.to_numpy(), errors, bare)

@@ -59,7 +59,8 @@ def _kernel_flow(kernel: Kernel) -> str:
 
 
 SECONDS_KEYS = ("gemm_latency", "attention_latency", "decode_attention_latency", "step_overhead",
-                "sequence_overhead", "layer_overhead", "moe_latency", "moe_row_time")  # fmt: skip
+                "sequence_overhead", "async_step_gap", "layer_overhead", "moe_latency",
+                "moe_row_time")  # fmt: skip
 NULLABLE_KEYS = ("gemm_row_block", "gemm_max_passes")  # null: one pass over the weights
 # left out of a profile at these values
 UNSET = {"gemm_memory": None, "moe_gemm": 1.0, "moe_gemm_memory": 1.0, "moe_latency": 0.0,
@@ -68,7 +69,7 @@ ORDER = ("gemm", "gemm_memory", "gemm_latency", "gemm_blend", "gemm_row_block", 
          "attention", "attention_extra_keys",
          "decode_attention", "decode_attention_latency", "attention_latency", "moe_gemm",
          "moe_gemm_memory", "moe_row_time", "moe_latency", "hbm",
-         "step_overhead", "sequence_overhead", "layer_overhead")  # fmt: skip
+         "step_overhead", "sequence_overhead", "async_step_gap", "layer_overhead")  # fmt: skip
 
 
 def _value(eff: Efficiency, key: str) -> str:

@@ -354,18 +354,15 @@ class StepPlanner:
 
     def _decode_steps(self, log: RunLog, due: list[list[int]], steps: int) -> int:
         """Up to ``steps`` decode steps of the running requests (those at ``due[j % bt]``
-        start a block in step ``j``): fewer if a request arrives (the step it arrives in is
-        the last) or the pool runs short (the run ends before that step). Logs the columns
-        that change; how many steps."""
+        start a block in step ``j``), fewer if a request arrives (its step is the last) or the
+        pool runs short (the run ends before that step); logs what changes; how many steps."""
         bt, n, ids, held, grow = self.bt, len(self.ids), self.ids, self.held, self._grow
         spans, growth, full = self._spans()
         reads = sum(held)
         linear, overhead = self.e.cost.linear_time(n, n), self.overhead
         steady = None if self.e.cost.params.async_scheduling else overhead(n, 0.0)
-        latency = self.decode_latency
         compute_at, attention_at = log.compute.append, log.attention.append
-        overhead_at = log.overhead.append
-        reads_at, resident_at = log.reads.append, log.resident.append
+        reads_at, resident_at, spent_at = log.reads.append, log.resident.append, log.overhead.append
         exact, ones, contexts = self.exact, None, None
         if not exact:  # each step's attention is the cost model's call
             ones, contexts = np.ones(n, dtype=np.int64), np.array(self.computed)
@@ -378,7 +375,7 @@ class StepPlanner:
             for i in new:
                 grow(ids[i], held[i] + taken // bt, 1)
             if exact:
-                attention = self._decode_kernel(spans) + latency
+                attention = self._decode_kernel(spans) + self.decode_latency
             else:
                 attention = self.e.cost.attention_time(ones, contexts + taken)
             spent = overhead(n, linear + attention) if steady is None else steady
@@ -386,7 +383,7 @@ class StepPlanner:
             now = now + compute
             compute_at(compute)
             attention_at(attention)
-            overhead_at(spent)
+            spent_at(spent)
             reads_at(reads)
             resident_at(self.resident)
             reads += len(new)

@@ -258,9 +258,10 @@ def test_the_fit_recovers_a_time_per_row():
 
 def test_fit_error_on_the_published_points(h100_fit, a100_fit):
     """vLLM's tuned fused_moe on Hopper, two expert sizes at once (Mixtral's 8 of 7168 on an
-    H100, 1 .. 1536 tokens; Gemma-4's 128 of 704 on an H200, 16 .. 4096): Mixtral within 6%,
-    Gemma within 15%, medians under 2.5% and 5%, at ~1.28x the dense GEMM rate plus ~8.6 ns
-    per padded row and GEMM; the bare padded roofline misses Gemma by 45%. On an A100 two
+    H100, 1 .. 1536 tokens; Gemma-4's 128 of 704 on an H200, 16 .. 4096): Mixtral within 8%,
+    Gemma within 10.5%, medians under 4.5%, at ~1.16x the dense GEMM rate plus ~2.4 ns per
+    padded row and GEMM, streaming at the H100's peak (the bound); the bare padded roofline
+    misses Gemma by 15%. On an A100 two
     expert sizes at once (Qwen3-30B-A3B's 128 of 768, 1 .. 4096 tokens; Kimi-VL-A3B's 64 of
     1408, 16 .. 4096): Qwen within 13%, median under 2%, Kimi-VL within 9%, median under 5%,
     at ~1.16x and no time per row. The call's fixed time is 26-34 us on both."""
@@ -268,11 +269,11 @@ def test_fit_error_on_the_published_points(h100_fit, a100_fit):
     mixtral = h100_fit.shapes == "mixtral-8x7b tp2 N=7168 bf16 vllm-triton-fused_moe-tuned"
     assert mixtral.sum() == 15
     err = np.abs(h100_fit.errors)
-    assert err[mixtral].max() < 0.06 and np.median(err[mixtral]) < 0.025
-    assert err[~mixtral].max() < 0.15 and np.median(err[~mixtral]) < 0.05
-    assert np.abs(h100_fit.dense_errors[~mixtral]).max() > 0.4
-    assert 1.2 < h100_fit.efficiency < 1.35 and 8e-9 < h100_fit.row_time < 9.5e-9
-    assert h100_fit.memory == pytest.approx(1.068, abs=0.01)
+    assert err[mixtral].max() < 0.08 and np.median(err[mixtral]) < 0.045
+    assert err[~mixtral].max() < 0.105 and np.median(err[~mixtral]) < 0.045
+    assert np.abs(h100_fit.dense_errors[~mixtral]).max() > 0.15
+    assert 1.1 < h100_fit.efficiency < 1.25 and 2e-9 < h100_fit.row_time < 3e-9
+    assert h100_fit.memory == pytest.approx(moefit.memory_max(moefit.fitted_rows("h100-sxm")))
     qwen = a100_fit.shapes == "qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned"
     assert qwen.sum() == 18
     err = np.abs(a100_fit.errors)
@@ -289,11 +290,11 @@ def test_fit_error_on_the_published_points(h100_fit, a100_fit):
 
 
 def test_small_experts_need_the_time_per_row(h100_fit):
-    """Without it one (e, e_m, l) cannot price both Hopper tables (28% off on each), and
-    Mixtral's own fit (1.2x, within 4% of Mixtral) prices Gemma 34-51% fast at 2048-4096
-    tokens: 128 experts of 704 take ~1.5x Mixtral's time per FLOP there."""
+    """Without it one (e, e_m, l) prices the two Hopper tables within 16% only (10% with it),
+    and Mixtral's own fit (1.2x, within 4% of Mixtral) prices Gemma 5-25% fast at 2048-4096
+    tokens: 128 experts of 704 take longer per FLOP there."""
     bare = moefit.fit("h100-sxm", row_time=False)
-    assert np.abs(bare.errors).max() > 0.25 > np.abs(h100_fit.errors).max()
+    assert np.abs(bare.errors).max() > 0.15 > 0.105 > np.abs(h100_fit.errors).max()
     rows = moefit.fitted_rows("h100-sxm")
     pieces = moefit.parts(rows)
     keep = ~moefit._left_out(rows, pieces)
@@ -305,7 +306,7 @@ def test_small_experts_need_the_time_per_row(h100_fit):
     err = (pieces.activation + pieces.dense(e, em) + lat) / t - 1
     assert np.abs(err[mixtral]).max() < 0.04
     big = ~mixtral & (rows.tokens.to_numpy() >= 2048)
-    assert (err[big] < -0.3).all() and (err[big] > -0.55).all()
+    assert (err[big] < -0.05).all() and (err[big] > -0.25).all()
 
 
 def test_only_tuned_config_rows_are_fitted(h100_fit, a100_fit):
@@ -391,20 +392,22 @@ def test_checks_price_the_other_rows_with_the_profile():
     17-21% slower than the model, fitted to the tuned config, at 3072 and 4096); on Kimi-VL's
     shape within 11% at 16-1024 tokens, 19% slower at 4096, and 14% and 53% slower at 4 and 1
     token (the PR's un-graphed do_bench harness: 183.5 us for one token). On the H100 the
-    time per row brings the small experts' other kernels within 32% (Mixtral's fit alone:
-    Liger's and VeOmni's kernels 1.2-2.7x the model): vLLM's untuned fp8 default config runs
-    13-32% slower than the model from 4 tokens on, Liger's kernel 8-29% slower up to 1024
-    tokens (its un-graphed launches) and 7-16% faster from 2048. Gemma's default column on the
-    H200 is priced within 16%."""
+    small experts' other kernels run slower than the tuned kernel the model is fitted to:
+    vLLM's untuned fp8 default config 18-20% from 4 to 128 tokens and 30-59% from 256,
+    Liger's kernel 19-32% at every size, torch's grouped_mm and VeOmni's 46% and 52% at 32K
+    tokens. Gemma's default column on the H200 is priced within 13%."""
     h100, a100 = moefit.checks("h100-sxm"), moefit.checks("a100-80g-sxm")
     h200, l40s = moefit.checks("h200-sxm"), moefit.checks("l40s")
     assert (len(h100), len(a100), len(h200), len(l40s)) == (29, 27, 25, 13)
     default = h100["shape"].str.endswith("-default")
-    assert (h100[default & (h100.tokens >= 4)].error.between(-0.32, -0.12)).all()
-    assert (h100[~default].error.abs() < 0.3).all()
+    small = default & h100.tokens.between(4, 128)
+    assert (h100[small].error.between(-0.21, -0.17)).all()
+    assert (h100[default & (h100.tokens >= 256)].error.between(-0.6, -0.29)).all()
     liger = h100["shape"].str.contains("liger")
-    assert (h100[liger & (h100.tokens <= 1024)].error < -0.07).all()
-    assert (h100[liger & (h100.tokens >= 2048)].error.between(0.07, 0.16)).all()
+    assert (h100[liger].error.between(-0.33, -0.18)).all()
+    others = ~default & ~liger
+    assert list(h100[others].tokens) == [32768, 32768]
+    assert (h100[others].error.between(-0.53, -0.45)).all()
     qwen = a100["shape"].str.startswith("qwen3-30b-a3b")
     assert qwen.sum() == 18
     assert (a100[qwen & (a100.tokens <= 2048)].error.abs() < 0.11).all()
@@ -416,7 +419,7 @@ def test_checks_price_the_other_rows_with_the_profile():
     assert kimi[kimi.tokens == 4].error.between(-0.16, -0.12).all()
     assert kimi[kimi.tokens == 1].error.between(-0.56, -0.5).all()
     gemma = h200["shape"].str.startswith("gemma-4-26b-a4b") & ~h200.left_out
-    assert (h200[gemma].error.abs() < 0.16).all()
+    assert (h200[gemma].error.abs() < 0.13).all()
     assert moefit.checks("a40").empty
 
 
