@@ -25,7 +25,9 @@ def test_every_row_names_its_source_and_quote():
     assert set(rows[rows.kind == "stream"].role) == {"ceiling"}
 
 
-@pytest.mark.parametrize(("gpu", "measured"), [("h200-sxm", 4.15e12 / 4.8e12)])
+@pytest.mark.parametrize(
+    ("gpu", "measured"), [("h100-sxm", 2.97e12 / 3.35e12), ("h200-sxm", 4.15e12 / 4.8e12)]
+)
 def test_hbm_is_the_measured_triad(gpu, measured):
     assert streamfit.hbm_fraction(gpu) == pytest.approx(measured, rel=1e-12)
     assert load_hardware(gpu).efficiency.hbm == pytest.approx(measured, abs=5e-5)
