@@ -181,9 +181,9 @@ def solve(
 ) -> tuple[float, float, float, float]:
     """(e_x, e_xm, r_x, l_x) minimising Σ ((activation + Σ blend(c/e_x + n·r_x, m/e_xm) + l) /
     t - 1)², r_x, l ≥ 0, e_xm ≤ ``memory_max`` (``latency`` False: l = 0; ``row_time`` False:
-    r_x = 0). The
-    efficiencies are searched in log space and r_x in nanoseconds from the eight best points of
-    a coarse grid, the lowest minimum kept; l is the closed-form optimum at each."""
+    r_x = 0). The efficiencies are searched in log space and r_x in nanoseconds from the eight
+    best points of a coarse grid, the lowest minimum kept; l is the closed-form optimum at
+    each."""
 
     def lat(e: float, em: float, r: float) -> float:
         if not latency:

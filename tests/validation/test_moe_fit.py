@@ -273,7 +273,12 @@ def test_fit_error_on_the_published_points(h100_fit, a100_fit):
     assert err[~mixtral].max() < 0.105 and np.median(err[~mixtral]) < 0.045
     assert np.abs(h100_fit.dense_errors[~mixtral]).max() > 0.15
     assert 1.1 < h100_fit.efficiency < 1.25 and 2e-9 < h100_fit.row_time < 3e-9
-    assert h100_fit.memory == pytest.approx(moefit.memory_max(moefit.fitted_rows("h100-sxm")))
+    # the bound: the H100's peak over its GEMM streaming (0.9219), tighter than the H200's
+    # (0.7974); it binds on the Hopper fit, not on the A100's
+    bound = moefit.memory_max(moefit.fitted_rows("h100-sxm"))
+    assert bound == pytest.approx(1 / 0.9219, rel=1e-4)
+    assert h100_fit.memory == pytest.approx(bound)
+    assert a100_fit.memory < moefit.memory_max(moefit.fitted_rows("a100-80g-sxm"))
     qwen = a100_fit.shapes == "qwen3-30b-a3b tp1 N=768 bf16 vllm-triton-fused_moe-tuned"
     assert qwen.sum() == 18
     err = np.abs(a100_fit.errors)
