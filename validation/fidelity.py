@@ -111,9 +111,9 @@ FIT_PROVENANCE = (
         "h200-sxm; h100-sxm, h200-sxm, gh200",
         "torch's one-token GEMV on an H200 (tile-ai/TileOPs PR #244), with h100-sxm's "
         "gemm_latency held; BabelStream triad and dot on Azure's ND H100 v5 and ND H200 v5 "
-        "(Azure/AI-benchmarking-guide), OpenCL-Benchmark's read on a GH200 "
-        "(mredenti/PowerCapping); decode attention as h100-sxm's ratio to its weight "
-        "streaming, at most the card's read stream (validation/data/memory_streaming.csv, "
+        "(Azure/AI-benchmarking-guide), BabelStream triad on a GH200 "
+        "(dnhkng/GH200_benchmarking); decode attention as h100-sxm's ratio to its weight "
+        "streaming, at most the card's fastest stream (validation/data/memory_streaming.csv, "
         "`python -m validation.streamfit`)",
     ),
     (

@@ -12,8 +12,8 @@ Benchmark) and weight-streaming GEMVs, each with its source. From them:
   error;
 - decode attention, fitted on H100 kernels only, is carried to another Hopper card as the
   H100's ratio of decode-attention to weight-streaming bandwidth times the card's own
-  weight-streaming fraction, and never above its measured read stream (a read-only kernel
-  cannot read faster).
+  weight-streaming fraction, and never above the fastest stream measured on the card (its
+  read-only stream, or its triad where that came out faster).
 
 ``python -m validation.streamfit`` prints each card's figures and the error of the fit.
 """
@@ -69,8 +69,10 @@ def hbm_fraction(gpu: str, rows: pd.DataFrame | None = None) -> float | None:
 
 
 def read_ceiling(gpu: str, rows: pd.DataFrame | None = None) -> float | None:
-    """The fastest measured read-only stream, as a fraction of peak (None: not measured)."""
-    return _fraction(load_points() if rows is None else rows, gpu, READS)
+    """The fastest stream measured on ``gpu``, read-only or triad, as a fraction of peak
+    (None: none measured): no read-only kernel runs slower than that, and none faster is on
+    record."""
+    return _fraction(load_points() if rows is None else rows, gpu, READS + TRIADS)
 
 
 def _gemv_seconds(params: CostParams, rows: pd.DataFrame) -> np.ndarray:
@@ -123,7 +125,7 @@ def priced(gpu: str, rows: pd.DataFrame | None = None) -> pd.Series:
 def carried_decode(gpu: str, rows: pd.DataFrame | None = None) -> float:
     """The decode-attention fraction a Hopper card carries from the H100 fit: the H100's
     ratio of decode attention to weight streaming times the card's weight-streaming fraction
-    (``gemm_memory``, else ``hbm``), at most its measured read stream."""
+    (``gemm_memory``, else ``hbm``), at most the fastest stream measured on it."""
     rows = load_points() if rows is None else rows
     ref, eff = load_hardware(REFERENCE).efficiency, load_hardware(gpu).efficiency
     value = ref.decode_attention / ref.gemm_memory * (eff.gemm_memory or eff.hbm)
