@@ -106,8 +106,9 @@ FIT_PROVENANCE = (
     ),
     (
         "`efficiency.gemm_memory` of h200-sxm (its other GEMM and kernel parameters are "
-        "h100-sxm's: the same die and clocks); `efficiency.hbm` of h100-sxm, h200-sxm, gh200; "
-        "the decode-attention bandwidth h200-sxm and gh200 carry",
+        "h100-sxm's: the same die and clocks; gh200 carries all of them, its GEMM rate scaled "
+        "by its measured large-GEMM ratio, stas00/ml-engineering PR #60); `efficiency.hbm` "
+        "of h100-sxm, h200-sxm, gh200; the decode-attention bandwidth h200-sxm and gh200 carry",
         "h200-sxm; h100-sxm, h200-sxm, gh200",
         "torch's one-token GEMV on an H200 (tile-ai/TileOPs PR #244), with h100-sxm's "
         "gemm_latency held; BabelStream triad and dot on Azure's ND H100 v5 and ND H200 v5 "

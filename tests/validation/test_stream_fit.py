@@ -77,19 +77,26 @@ def test_fit_recovers_a_known_fraction():
     assert np.abs(fit.errors).max() < 1e-4
 
 
-def test_h200_carries_the_h100_compute_side_and_kernels():
-    """The same die and clocks: the GEMM's compute rate, blend and fixed time and the
-    elementwise kernels are the H100's; only the weight streaming is the H200's own."""
-    h100, h200 = load_hardware("h100-sxm").efficiency, load_hardware("h200-sxm").efficiency
-    for key in ("gemm", "gemm_latency", "gemm_blend", "kernels", "layer_overhead"):
-        assert getattr(h200, key) == getattr(h100, key), key
-    assert h200.gemm_memory < h100.gemm_memory
+@pytest.mark.parametrize(("gpu", "compute"), [("h200-sxm", 1.0), ("gh200", 821.0 / 794.5)])
+def test_hopper_cards_carry_the_h100_gemm_and_kernels(gpu, compute):
+    """The same die: the GEMM's blend and fixed time and the elementwise kernels are the
+    H100's, its compute rate too (the GH200's scaled by its measured large-GEMM ratio, 821.0
+    against 794.5 TFLOP/s); the weight streaming is the H200's own, the GH200's the H100's
+    fraction (the same HBM3), under its measured triad."""
+    h100, eff = load_hardware("h100-sxm").efficiency, load_hardware(gpu).efficiency
+    for key in ("gemm_latency", "gemm_blend", "kernels", "layer_overhead"):
+        assert getattr(eff, key) == getattr(h100, key), key
+    assert eff.gemm == pytest.approx(h100.gemm * compute, abs=5e-5)
+    if gpu == "gh200":
+        assert eff.gemm_memory == h100.gemm_memory < streamfit.read_ceiling(gpu)
+    else:
+        assert eff.gemm_memory < h100.gemm_memory
 
 
 def test_carried_decode_by_hand():
     """0.9560 / 0.9219 (the H100's decode attention over its weight streaming) x 0.7974 (the
-    H200's weight streaming) = 0.8269; on the GH200 0.965, above its fastest stream, 0.9304,
-    so that."""
+    H200's weight streaming) = 0.8269; on the GH200 0.956 (the H100's streaming carried),
+    above its fastest stream, 0.9304, so that."""
     assert streamfit.carried_decode("h200-sxm") == pytest.approx(0.9560 / 0.9219 * 0.7974)
     assert streamfit.carried_decode("gh200") == pytest.approx(3.7218 / 4.0)
     for gpu in ("h200-sxm", "gh200"):
