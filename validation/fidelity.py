@@ -108,10 +108,12 @@ FIT_PROVENANCE = (
         "`efficiency.gemm_memory` of h200-sxm (its other GEMM and kernel parameters are "
         "h100-sxm's: the same die and clocks; gh200 carries all of them, its GEMM rate scaled "
         "by its measured large-GEMM ratio, stas00/ml-engineering PR #60); `efficiency.hbm` "
-        "of h100-sxm, h200-sxm, gh200; the decode-attention bandwidth h200-sxm and gh200 carry",
-        "h200-sxm; h100-sxm, h200-sxm, gh200",
+        "of a100-80g-sxm, h100-sxm, h200-sxm, gh200; the decode-attention bandwidth h200-sxm "
+        "and gh200 carry",
+        "h200-sxm; a100-80g-sxm, h100-sxm, h200-sxm, gh200",
         "torch's one-token GEMV on an H200 (tile-ai/TileOPs PR #244), with h100-sxm's "
-        "gemm_latency held; BabelStream triad and dot on Azure's ND H100 v5 and ND H200 v5 "
+        "gemm_latency held; BabelStream triad and dot on Azure's ND A100 v4, ND H100 v5 and "
+        "ND H200 v5 "
         "(Azure/AI-benchmarking-guide), BabelStream triad on a GH200 "
         "(dnhkng/GH200_benchmarking); decode attention as h100-sxm's ratio to its weight "
         "streaming, at most the card's fastest stream (validation/data/memory_streaming.csv, "

@@ -33,6 +33,7 @@ from validation.fit import read_data
 
 DATA = Path(__file__).parent / "data" / "memory_streaming.csv"
 REFERENCE = "h100-sxm"  # the profile whose decode-attention and GEMM fits the others carry
+CARRIERS = ("h200-sxm", "gh200")  # the Hopper profiles that carry them (same die, own memory)
 TRIADS = ("babelstream-triad",)
 READS = ("babelstream-dot", "opencl-coalesced-read")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2}
@@ -139,7 +140,7 @@ def main() -> None:
     for gpu in sorted(set(rows.gpu)):
         hbm, ceiling = hbm_fraction(gpu, rows), read_ceiling(gpu, rows)
         line = f"{gpu}: hbm {hbm:.4f}, read ceiling {ceiling:.4f}"
-        if gpu != REFERENCE:
+        if gpu in CARRIERS:
             line += f", decode_attention carried {carried_decode(gpu, rows):.4f}"
         fitted = rows[(rows.gpu == gpu) & (rows.kind == "gemv") & (rows.role == "fit")]
         if not fitted.empty:

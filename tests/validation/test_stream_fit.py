@@ -27,7 +27,12 @@ def test_every_row_names_its_source_and_quote():
 
 @pytest.mark.parametrize(
     ("gpu", "measured"),
-    [("h100-sxm", 2.97 / 3.35), ("h200-sxm", 4.15 / 4.8), ("gh200", 3.7218 / 4.0)],
+    [
+        ("a100-80g-sxm", 1.70 / 2.039),
+        ("h100-sxm", 2.97 / 3.35),
+        ("h200-sxm", 4.15 / 4.8),
+        ("gh200", 3.7218 / 4.0),
+    ],
 )
 def test_hbm_is_the_measured_triad(gpu, measured):
     assert streamfit.hbm_fraction(gpu) == pytest.approx(measured, rel=1e-12)
@@ -99,12 +104,12 @@ def test_carried_decode_by_hand():
     above its fastest stream, 0.9304, so that."""
     assert streamfit.carried_decode("h200-sxm") == pytest.approx(0.9560 / 0.9219 * 0.7974)
     assert streamfit.carried_decode("gh200") == pytest.approx(3.7218 / 4.0)
-    for gpu in ("h200-sxm", "gh200"):
+    for gpu in streamfit.CARRIERS:
         held = load_hardware(gpu).efficiency.decode_attention
         assert held == pytest.approx(streamfit.carried_decode(gpu), abs=5e-5)
 
 
-@pytest.mark.parametrize("gpu", ["h200-sxm", "gh200"])
+@pytest.mark.parametrize("gpu", streamfit.CARRIERS)
 def test_decode_reads_no_faster_than_the_cards_read_stream(gpu):
     """A read-only kernel is not carried faster than the card's fastest measured stream (the
     old carry, the H100 PCIe's 0.956 of peak, read 4.59 TB/s on an H200 whose dot stream is
