@@ -130,7 +130,7 @@ def test_the_profiles_all_reduce_model_is_within_15_percent_of_the_tables(gpu, p
     for n in (2, 4, 8):
         rows = big[big.num_workers == n]
         measured = rows["time_stats.all_reduce.median"].to_numpy() * 1e-3
-        model = np.array([params.all_reduce_s(float(m), n) for m in rows["size"]])
+        model = np.array([params.nccl_s(float(m), n) for m in rows["size"]])
         assert len(rows) > 100
         assert np.median(np.abs(model / measured - 1.0)) <= 0.15, (gpu, n)
 

@@ -21,6 +21,7 @@ from scipy.optimize import least_squares
 
 from sim.cost.collectives import CollectiveParams
 from sim.errors import KvsimError
+from validation.fit import read_data
 
 FIT_MIN_BYTES = 2.0**20  # 1 MiB: a 64-token step of an 8192-wide model in bf16
 COLUMNS = ("size", "num_workers", "devices_per_node", "time_stats.all_reduce.median")
@@ -58,7 +59,7 @@ def read_all_reduce(comm_dir: str | Path, gpu: str) -> tuple[pd.DataFrame, Path]
 def predict(params: CollectiveParams, rows: pd.DataFrame) -> np.ndarray:
     """The model's time for each row."""
     return np.array(
-        [params.all_reduce_s(b, int(n)) for b, n in zip(rows.bytes, rows.workers, strict=True)]
+        [params.nccl_s(b, int(n)) for b, n in zip(rows.bytes, rows.workers, strict=True)]
     )
 
 
@@ -107,3 +108,41 @@ def fit_comm(comm_dir: str | Path, gpu: str, bandwidth: float) -> CommFit:
     )
     params = _params(fit.x, bandwidth)
     return CommFit(params=params, errors=errors_by_workers(params, rows), source=path)
+
+
+# --- vLLM's custom all-reduce ---------------------------------------------------------------
+
+CUSTOM_DATA = Path(__file__).parent / "data" / "custom_allreduce.csv"
+CUSTOM_FACTOR = {  # bytes each GPU moves per byte of message, by kernel
+    "one_stage": lambda n: n - 1.0,  # it reads every peer's buffer
+    "two_stage": lambda n: 2.0 * (n - 1.0) / n,  # reduce-scatter, then all-gather
+}
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """One custom all-reduce kernel's fitted fixed time and rate, and its relative errors."""
+
+    kernel: str
+    latency_s: float
+    bandwidth: float
+    errors: np.ndarray
+
+
+def fit_custom(gpu: str, path: Path = CUSTOM_DATA) -> dict[str, KernelFit]:
+    """Each kernel's ``latency + factor(N)·M / bandwidth`` fitted to ``gpu``'s rows of
+    ``custom_allreduce.csv``, least squares in relative error."""
+    rows = read_data(path)
+    rows = rows[rows.gpu == gpu]
+    fits = {}
+    for kernel, factor in CUSTOM_FACTOR.items():
+        part = rows[rows.kernel == kernel]
+        n, moved = part.workers.to_numpy(float), part.bytes.to_numpy(float)
+        t = part.time_us.to_numpy(float) * 1e-6
+
+        def residual(x: np.ndarray, n=n, moved=moved, t=t, factor=factor) -> np.ndarray:
+            return (x[0] * 1e-6 + factor(n) * moved / (x[1] * 1e9)) / t - 1.0
+
+        x = least_squares(residual, x0=[5.0, 300.0], bounds=([0.0, 1.0], [100.0, 1e4])).x
+        fits[kernel] = KernelFit(kernel, x[0] * 1e-6, x[1] * 1e9, residual(x))
+    return fits

@@ -120,6 +120,14 @@ FIT_PROVENANCE = (
         "`python -m validation.streamfit`)",
     ),
     (
+        "vLLM's custom all-reduce (`interconnect.custom_allreduce`: its one- and two-stage "
+        "kernels)",
+        "h100-sxm (h200-sxm carries it)",
+        "vLLM's benchmark_device_communicators.py kernel times in a CUDA graph on H100s, 0.5-4 "
+        "MiB at 2 and 4 GPUs (vllm-project/vllm#24111, #24532; "
+        "validation/data/custom_allreduce.csv, `validation.commfit.fit_custom`)",
+    ),
+    (
         "all-reduce model (`interconnect.*`), NIC (`nic.*`)",
         "h100-sxm, a100-80g-sxm (h200-sxm copies h100)",
         "NCCL collective tables in `../shared/calibration/measured-comm` "

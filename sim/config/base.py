@@ -106,6 +106,7 @@ _RANGES = (  # kind, dimension, low, high, typical (SI); docs/config.md lists th
     Plausible("DRAM budget for KV", BYTES, 64 * KiB, 64 * TiB, 256 * GiB),
     Plausible("SSD budget for KV", BYTES, 64 * KiB, 1 * PiB, 4 * TiB),
     Plausible("half-efficiency copy size", BYTES, 0.0, 16 * GiB, 64 * KiB),
+    Plausible("all-reduce message size", BYTES, 0.0, 16 * GiB, 8 * MiB),
     Plausible("device memory bandwidth", BANDWIDTH, 1e9, 100e12, 3e12),
     Plausible("host memory bandwidth", BANDWIDTH, 1e9, 100e12, 300e9),
     Plausible("host link bandwidth", BANDWIDTH, 100e6, 10e12, 50e9),

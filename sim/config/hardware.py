@@ -127,13 +127,45 @@ class Link(Strict):
         return getattr(self, direction), self.half_efficiency_bytes, self.chunk_blend
 
 
+class AllReduceKernel(Strict):
+    """One all-reduce kernel: its fixed time and the rate at which it moves the message."""
+
+    latency: Annotated[Seconds, plausible("collective latency")]
+    bandwidth: Annotated[Bandwidth, plausible("GPU interconnect bandwidth")]
+
+
+CUSTOM_WORKERS = (2, 4, 6, 8)  # the GPU counts vLLM's custom all-reduce runs on
+
+
+class CustomAllReduce(Strict):
+    """vLLM's own all-reduce for small messages over NVLink (``csrc/custom_all_reduce.cuh``),
+    which it runs instead of NCCL on 2, 4, 6 or 8 GPUs for messages under ``max_bytes[N]``:
+    the one-stage kernel (each GPU reads every peer's buffer: ``latency + (N-1)·M /
+    bandwidth``) or the two-stage one (reduce-scatter, then all-gather: ``latency +
+    2(N-1)/N·M / bandwidth``), picked by size as vLLM picks (docs/cost-model.md)."""
+
+    max_bytes: dict[int, Annotated[Bytes, plausible("all-reduce message size")]]
+    one_stage: AllReduceKernel
+    two_stage: AllReduceKernel
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _known_counts(cls, limits: dict[int, float]) -> dict[int, float]:
+        if bad := sorted(set(limits) - set(CUSTOM_WORKERS)):
+            raise ValueError(
+                f"GPU count {bad[0]}: vLLM's custom all-reduce runs on 2, 4, 6 or 8 GPUs only"
+            )
+        return limits
+
+
 class Interconnect(Strict):
     """The GPU-to-GPU interconnect that tensor-parallel collectives run over.
 
-    One all-reduce of ``M`` bytes over ``N`` GPUs takes ``latency + (2(N-1)/N)^workers_exponent
-    · (M + half_efficiency_bytes) / (bandwidth · efficiency)`` (``docs/cost-model.md``);
-    ``latency``, ``efficiency``, ``half_efficiency_bytes`` and ``workers_exponent`` are fitted
-    by ``kvsim calibrate --comm``.
+    One NCCL all-reduce of ``M`` bytes over ``N`` GPUs takes ``latency +
+    (2(N-1)/N)^workers_exponent · (M + half_efficiency_bytes) / (bandwidth · efficiency)``
+    (``docs/cost-model.md``); ``latency``, ``efficiency``, ``half_efficiency_bytes`` and
+    ``workers_exponent`` are fitted by ``kvsim calibrate --comm``. ``custom_allreduce`` prices
+    the messages vLLM's own kernel takes instead (none: every all-reduce is NCCL's).
     """
 
     kind: InterconnectKind
@@ -142,6 +174,7 @@ class Interconnect(Strict):
     efficiency: float = Field(1.0, gt=0, le=1)
     half_efficiency_bytes: Annotated[Bytes, plausible("half-efficiency copy size")] = 0.0
     workers_exponent: float = Field(1.0, ge=0, le=2)
+    custom_allreduce: CustomAllReduce | None = None
 
 
 class Nic(Strict):
