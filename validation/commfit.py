@@ -134,15 +134,16 @@ def fit_custom(gpu: str, path: Path = CUSTOM_DATA) -> dict[str, KernelFit]:
     ``custom_allreduce.csv``, least squares in relative error."""
     rows = read_data(path)
     rows = rows[rows.gpu == gpu]
-    fits = {}
-    for kernel, factor in CUSTOM_FACTOR.items():
-        part = rows[rows.kernel == kernel]
-        n, moved = part.workers.to_numpy(float), part.bytes.to_numpy(float)
-        t = part.time_us.to_numpy(float) * 1e-6
+    return {kernel: _fit_kernel(rows[rows.kernel == kernel], kernel) for kernel in CUSTOM_FACTOR}
 
-        def residual(x: np.ndarray, n=n, moved=moved, t=t, factor=factor) -> np.ndarray:
-            return (x[0] * 1e-6 + factor(n) * moved / (x[1] * 1e9)) / t - 1.0
 
-        x = least_squares(residual, x0=[5.0, 300.0], bounds=([0.0, 1.0], [100.0, 1e4])).x
-        fits[kernel] = KernelFit(kernel, x[0] * 1e-6, x[1] * 1e9, residual(x))
-    return fits
+def _fit_kernel(rows: pd.DataFrame, kernel: str) -> KernelFit:
+    """One kernel's (latency, bandwidth) over its rows."""
+    moved = CUSTOM_FACTOR[kernel](rows.workers.to_numpy(float)) * rows.bytes.to_numpy(float)
+    t = rows.time_us.to_numpy(float) * 1e-6
+
+    def residual(x: np.ndarray) -> np.ndarray:  # x: latency in us, bandwidth in GB/s
+        return (x[0] * 1e-6 + moved / (x[1] * 1e9)) / t - 1.0
+
+    x = least_squares(residual, x0=[5.0, 300.0], bounds=([0.0, 1.0], [100.0, 1e4])).x
+    return KernelFit(kernel, x[0] * 1e-6, x[1] * 1e9, residual(x))

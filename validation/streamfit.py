@@ -142,15 +142,15 @@ def main() -> None:
         line = f"{gpu}: hbm {hbm:.4f}, read ceiling {ceiling:.4f}"
         if gpu in CARRIERS:
             line += f", decode_attention carried {carried_decode(gpu, rows):.4f}"
-        fitted = rows[(rows.gpu == gpu) & (rows.kind == "gemv") & (rows.role == "fit")]
-        if not fitted.empty:
+        gemv = rows[(rows.gpu == gpu) & (rows.kind == "gemv")]
+        if (gemv.role == "fit").any():
             fit = fit_streaming(gpu, rows)
             line += (
                 f"; gemm_memory {fit.gemm_memory:.4f} (max error "
                 f"{fit.errors.abs().max():.1%}); checks "
                 + ", ".join(f"{e:+.1%}" for e in fit.checks)
             )
-        elif (rows.gpu == gpu).any() and (rows[rows.gpu == gpu].kind == "gemv").any():
+        elif not gemv.empty:
             line += "; GEMV checks " + ", ".join(f"{e:+.1%}" for e in priced(gpu, rows))
         print(line)
 

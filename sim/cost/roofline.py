@@ -557,13 +557,11 @@ class CostModel:
         tokens = int(np.sum(new_tokens))
         linear = self.linear_time(tokens, sampled)
         attention = self.attention_time(new_tokens, context)
-        sequences = int(np.count_nonzero(new_tokens))
-        layers = self.model.layers * self.params.layer_overhead_s
-        idle = self.idle_host_s(sequences, linear + attention + layers)
+        idle, overhead = self._overheads(int(np.count_nonzero(new_tokens)), linear + attention)
         return StepCost(
             linear_s=linear,
             attention_s=attention,
-            overhead_s=idle + layers,  # as overhead_s adds them
+            overhead_s=overhead,
             comm_s=self.comm_time(tokens, sampled),
             idle_host_s=idle,
         )
@@ -611,8 +609,19 @@ class CostModel:
     def overhead_s(self, sequences: int, kernels_s: Duration) -> Duration:
         """The step's time outside its GEMMs and attention (``kernels_s``): the host time the
         GPU waits out plus the per-layer overhead."""
+        return self._overheads(sequences, kernels_s)[1]
+
+    def constant_overhead_s(self, sequences: int) -> float | None:
+        """:meth:`overhead_s` where it does not depend on the kernels' time (synchronous
+        scheduling: all the host time is waited out), else None."""
+        return None if self.params.async_scheduling else self.overhead_s(sequences, 0.0)
+
+    def _overheads(self, sequences: int, kernels_s: Duration) -> tuple[Duration, Duration]:
+        """(the host time the GPU waits out, the step's whole overhead: that plus the
+        per-layer overhead) of a step whose GEMMs and attention take ``kernels_s``."""
         layers = self.model.layers * self.params.layer_overhead_s
-        return self.idle_host_s(sequences, kernels_s + layers) + layers
+        idle = self.idle_host_s(sequences, kernels_s + layers)
+        return idle, idle + layers
 
     def _vectorised(self) -> bool:
         """Whether attention is this roofline (a step's sums can be rows of one array)."""

@@ -360,7 +360,7 @@ class StepPlanner:
         spans, growth, full = self._spans()
         reads = sum(held)
         linear, overhead = self.e.cost.linear_time(n, n), self.overhead
-        steady = None if self.e.cost.params.async_scheduling else overhead(n, 0.0)
+        steady = self.e.cost.constant_overhead_s(n)
         compute_at, attention_at = log.compute.append, log.attention.append
         reads_at, resident_at, spent_at = log.reads.append, log.resident.append, log.overhead.append
         exact, ones, contexts = self.exact, None, None
