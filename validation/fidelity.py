@@ -33,8 +33,12 @@ from sim.errors import KvsimError
 from sim.memory.hbm_plan import max_model_len, plan_hbm
 from sim.run import simulate
 from validation import hitrate
+from validation.fit import read_data
 
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
+DIAGNOSES = Path(__file__).parent / "data" / "fidelity_diagnoses.csv"
+OUTLIER = 0.25  # rows off by more than this get a section of their own, each with its diagnosis
+EXPLAINED = ("yes", "partly", "no")  # a diagnosis's `explained`
 
 # Held out by the project (never used for anything) and fit-only sources (never test rows).
 # vLLM PR #2031's block counts are a check in tests/test_hbm_plan.py, never fitted: test rows.
@@ -255,6 +259,40 @@ def load_rows(path: Path = DATA) -> pd.DataFrame:
         if problem:
             raise ValueError(f"{path}: row {row['id']}: {problem}")
     return frame.set_index("id", drop=False)
+
+
+def load_diagnoses(path: Path = DIAGNOSES) -> pd.DataFrame:
+    """Why each outlier row is off (ids as the index): ``explained`` (yes, partly, no) and the
+    ``diagnosis`` with its evidence; refuses, naming the line, an ``explained`` it does not
+    know or an id given twice."""
+    frame = read_data(path, dtype=str, keep_default_na=False)
+    for row in frame.itertuples():
+        if row.explained not in EXPLAINED:
+            raise ValueError(
+                f"{path}: row {row.id}: explained {row.explained!r}, expected one of {EXPLAINED}"
+            )
+    twice = frame["id"][frame["id"].duplicated()].tolist()
+    if twice:
+        raise ValueError(f"{path}: ids given twice: {twice}")
+    return frame.set_index("id", drop=False)
+
+
+def outliers(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """Rows off by more than :data:`OUTLIER`, worst first."""
+    far = [o for o in outcomes if abs(o.error) > OUTLIER]
+    return sorted(far, key=lambda o: -abs(o.error))
+
+
+def outlier_table(outcomes: Sequence[Outcome], diagnoses: pd.DataFrame) -> list[str]:
+    """The outliers, each with whether its error is explained and why it is off."""
+    lines = ["| id | error | explained | why |", "|---|---|---|---|"]
+    for o in outliers(outcomes):
+        rid = o.row["id"]
+        known = rid in diagnoses.index
+        explained = diagnoses.at[rid, "explained"] if known else "no"
+        why = diagnoses.at[rid, "diagnosis"] if known else "no diagnosis yet"
+        lines.append(f"| {rid} | {o.error:+.1%} | {explained} | {why} |")
+    return lines
 
 
 def _row_problem(row: pd.Series) -> str | None:
@@ -627,6 +665,15 @@ def page(rows: pd.DataFrame, results: Sequence[Outcome], only: str | None) -> st
         *outcome_table(outcomes),
         "",
         *settings_table(outcomes),
+        f"## Rows off by more than {OUTLIER:.0%}",
+        "",
+        "Why each is off, as far as it is known (`validation/data/fidelity_diagnoses.csv`): "
+        "`explained` says whether the cause is shown (yes), shown for part of the gap "
+        "(partly) or not found (no). A diagnosis never changes a parameter: the rows stay "
+        "a test set.",
+        "",
+        *outlier_table(outcomes, load_diagnoses()),
+        "",
         *(failures if failed else []),
         "## Kept but not simulated",
         "",

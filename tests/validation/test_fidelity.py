@@ -22,6 +22,7 @@ from validation import fidelity
 
 REPO = Path(__file__).resolve().parents[2]
 CSV = REPO / "validation" / "data" / "fidelity_measurements.csv"
+DIAGNOSES = REPO / "validation" / "data" / "fidelity_diagnoses.csv"
 
 # The project's held-out sources, and vLLM's memory-profile PRs kept for fitting (rules of
 # issue 25; PR #2031's block counts are only a check, never fitted, so they may be rows);
@@ -166,13 +167,62 @@ def test_main_writes_the_page_for_one_category(tmp_path, raw_rows):
         fidelity.main(["--data", str(data), "--only", "no-such-category"])
 
 
-def test_the_fidelity_page_is_current():
+@pytest.fixture(scope="module")
+def todays_outcomes() -> list[fidelity.Outcome]:
+    """Every row predicted by today's model (one run of the whole set)."""
+    return fidelity.run(fidelity.load_rows())
+
+
+def test_the_fidelity_page_is_current(todays_outcomes):
     """docs/fidelity.md is what `python -m validation.fidelity` makes of today's model."""
     rows = fidelity.load_rows()
-    expected = fidelity.page(rows, fidelity.run(rows), None)
+    expected = fidelity.page(rows, todays_outcomes, None)
     assert (REPO / "docs" / "fidelity.md").read_text() == expected, (
         "regenerate with: python -m validation.fidelity --out docs/fidelity.md"
     )
+
+
+def test_every_row_off_by_more_than_a_quarter_has_a_diagnosis_and_no_other_row_has_one(
+    todays_outcomes,
+):
+    far = {
+        o.row["id"]
+        for o in todays_outcomes
+        if not o.problem and abs(o.predicted / float(o.row["value"]) - 1) > 0.25
+    }
+    with DIAGNOSES.open(newline="") as f:
+        diagnosed = {r["id"] for r in csv.DictReader(line for line in f if line[0] != "#")}
+    assert far - diagnosed == set(), "add a line to validation/data/fidelity_diagnoses.csv"
+    assert diagnosed - far == set(), "no longer off by 25%: drop its diagnosis"
+
+
+def test_diagnoses_say_whether_the_cause_is_shown_and_refuse_anything_else(tmp_path):
+    with DIAGNOSES.open(newline="") as f:
+        lines = [r for r in csv.DictReader(line for line in f if line[0] != "#")]
+    assert lines and {r["explained"] for r in lines} <= {"yes", "partly", "no"}
+    assert all(len(r["diagnosis"]) > 40 for r in lines)  # a cause and its evidence, not a word
+    bad = tmp_path / "diagnoses.csv"
+    bad.write_text("# a note\nid,explained,diagnosis\nrow-a,maybe,the link\n")
+    with pytest.raises(ValueError, match=r"row-a: explained 'maybe'"):
+        fidelity.load_diagnoses(bad)
+    bad.write_text("id,explained,diagnosis\nrow-a,no,x\nrow-a,yes,y\n")
+    with pytest.raises(ValueError, match=r"ids given twice: \['row-a'\]"):
+        fidelity.load_diagnoses(bad)
+
+
+def test_the_outlier_table_lists_rows_off_by_more_than_a_quarter_worst_first():
+    def outcome(rid: str, measured: float, predicted: float) -> fidelity.Outcome:
+        return fidelity.Outcome(hand_row(id=rid, value=measured), predicted)
+
+    outcomes = [outcome("near", 1.0, 1.25), outcome("slow", 1.0, 1.3), outcome("fast", 2.0, 1.0)]
+    diagnoses = pd.DataFrame(
+        {"id": ["slow"], "explained": ["partly"], "diagnosis": ["a cause"]}
+    ).set_index("id", drop=False)
+    table = fidelity.outlier_table(outcomes, diagnoses)
+    assert table[2:] == [
+        "| fast | -50.0% | no | no diagnosis yet |",
+        "| slow | +30.0% | partly | a cause |",
+    ]
 
 
 def test_the_readme_quotes_the_pages_summary():
