@@ -263,7 +263,7 @@ def load_rows(path: Path = DATA) -> pd.DataFrame:
 
 def load_diagnoses(path: Path = DIAGNOSES) -> pd.DataFrame:
     """Why each outlier row is off (ids as the index): ``explained`` (yes, partly, no) and the
-    ``diagnosis`` with its evidence; refuses, naming the line, an ``explained`` it does not
+    ``diagnosis`` with its evidence; refuses, naming the row, an ``explained`` it does not
     know or an id given twice."""
     frame = read_data(path, dtype=str, keep_default_na=False)
     for row in frame.itertuples():
