@@ -37,6 +37,7 @@ from validation.fit import read_data
 
 DATA = Path(__file__).parent / "data" / "fidelity_measurements.csv"
 DIAGNOSES = Path(__file__).parent / "data" / "fidelity_diagnoses.csv"
+DOCS = Path(__file__).parents[1] / "docs"
 OUTLIER = 0.25  # rows off by more than this get a section of their own, each with its diagnosis
 EXPLAINED = ("yes", "partly", "no")  # a diagnosis's `explained`
 
@@ -249,13 +250,14 @@ class Outcome:
         return self.predicted / float(self.row["value"]) - 1.0
 
 
-def load_rows(path: Path = DATA) -> pd.DataFrame:
+def load_rows(path: Path = DATA, held_out: bool = False) -> pd.DataFrame:
     """The measurement set, one row per measurement (ids as the index); refuses, with the
-    row's id, a row that cites a held-out or fit-only source or whose metric and unit are not
-    ones the page knows."""
+    row's id, a row that cites a held-out or fit-only source (unless ``held_out``: the file is
+    the project's held-out set, read by its owner) or whose metric and unit are not ones the
+    page knows."""
     frame = pd.read_csv(path, dtype={"tp": "Int64", "batch": "Int64"}, keep_default_na=False)
     for _, row in frame.iterrows():
-        problem = _row_problem(row)
+        problem = _row_problem(row, held_out)
         if problem:
             raise ValueError(f"{path}: row {row['id']}: {problem}")
     return frame.set_index("id", drop=False)
@@ -295,10 +297,11 @@ def outlier_table(outcomes: Sequence[Outcome], diagnoses: pd.DataFrame) -> list[
     return lines
 
 
-def _row_problem(row: pd.Series) -> str | None:
-    """Why a row cannot be in the test set (None: it can)."""
+def _row_problem(row: pd.Series, held_out: bool = False) -> str | None:
+    """Why a row cannot be in the test set (None: it can); ``held_out`` rows may cite the
+    held-out sources (never the fit-only ones)."""
     cited = " ".join(str(row[c]) for c in ("source", "where", "quote", "notes")).lower()
-    banned = [s for s in FORBIDDEN_SOURCES + FIT_ONLY_SOURCES if s in cited]
+    banned = [s for s in (() if held_out else FORBIDDEN_SOURCES) + FIT_ONLY_SOURCES if s in cited]
     if banned:
         return f"cites {banned[0]!r}, a held-out or fit-only source"
     metric, unit = row["metric"], row["unit"]
@@ -699,8 +702,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", help="one category (decode, prefill, kv_load, kv_capacity, offload)"
     )
     parser.add_argument("--data", type=Path, default=DATA, help="the measurement CSV")
+    parser.add_argument(
+        "--held-out", action="store_true",
+        help="--data is the project's held-out set (its rows may cite the held-out sources); "
+        "its page goes only where --out says, never to docs/fidelity.md",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    rows = load_rows(args.data)
+    if args.held_out:
+        _refuse_held_out_into_the_project(parser, args.data, args.out)
+    rows = load_rows(args.data, args.held_out)
     if args.only:
         rows = rows[rows["category"] == args.only]
         if not len(rows):
@@ -719,6 +729,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(text)
         print(f"wrote {args.out}")
     return 0 if all(math.isfinite(o.predicted) for o in results) else 1
+
+
+def _refuse_held_out_into_the_project(
+    parser: argparse.ArgumentParser, data: Path, out: Path | None
+) -> None:
+    """``--held-out`` reads a file of the owner's and writes nowhere in the project's docs."""
+    if data.resolve() == DATA.resolve():
+        parser.error(f"--held-out: {data} is the project's test set, which never holds "
+                     "held-out rows; give the held-out file with --data")  # fmt: skip
+    if out is not None and out.resolve().parent == DOCS.resolve():
+        parser.error(f"--held-out: {out} is in the project's docs; write the page elsewhere")
 
 
 if __name__ == "__main__":

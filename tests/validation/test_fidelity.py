@@ -53,6 +53,15 @@ UNIT_OF = {
 }
 
 
+def write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
+    """``rows`` as a measurement CSV at ``path``."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 @pytest.fixture(scope="module")
 def raw_rows() -> list[dict[str, str]]:
     """The CSV as text, row by row (no harness involved)."""
@@ -100,13 +109,27 @@ def test_simulated_rows_name_existing_profiles_and_others_say_why_not(raw_rows):
 
 def test_the_harness_refuses_a_held_out_row(tmp_path, raw_rows):
     row = dict(raw_rows[0], id="bad", source="https://github.com/argonne-lcf/LLM-Inference-Bench")
-    path = tmp_path / "bad.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row))
-        writer.writeheader()
-        writer.writerow(row)
+    path = write_rows(tmp_path / "bad.csv", [row])
     with pytest.raises(ValueError, match="row bad: cites"):
         fidelity.load_rows(path)
+
+
+def test_the_owner_runs_the_held_out_set_outside_the_project(tmp_path, raw_rows):
+    row = dict(raw_rows[0], id="held", source="https://github.com/argonne-lcf/LLM-Inference-Bench")
+    data = write_rows(tmp_path / "held_out.csv", [row])
+    assert list(fidelity.load_rows(data, held_out=True).index) == ["held"]
+    out = tmp_path / "held_out.md"
+    assert fidelity.main(["--data", str(data), "--held-out", "--out", str(out)]) == 0
+    assert "| held | decode |" in out.read_text()
+    for wrong in (
+        ["--data", str(CSV)],
+        ["--data", str(data), "--out", str(REPO / "docs" / "x.md")],
+    ):
+        with pytest.raises(SystemExit):
+            fidelity.main([*wrong, "--held-out"])
+    write_rows(data, [dict(row, source="https://github.com/vllm-project/vllm/pull/12126")])
+    with pytest.raises(ValueError, match="row held: cites"):
+        fidelity.load_rows(data, held_out=True)
 
 
 # (id, model, hardware, TP, batch, prompt, output, weight dtype), copied from the rows by hand.
@@ -153,11 +176,7 @@ def test_one_row_predicts_a_finite_figure_and_the_metrics_agree():
 
 def test_main_writes_the_page_for_one_category(tmp_path, raw_rows):
     rows = [r for r in raw_rows if r["id"] in ("lmd-7b-ftl-128", "lmd-7b-b1")]
-    data = tmp_path / "rows.csv"
-    with data.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    data = write_rows(tmp_path / "rows.csv", rows)
     out = tmp_path / "fidelity.md"
     assert fidelity.main(["--data", str(data), "--only", "prefill", "--out", str(out)]) == 0
     text = out.read_text()
