@@ -705,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--held-out", action="store_true",
         help="--data is the project's held-out set (its rows may cite the held-out sources); "
-        "its page goes only where --out says, never to docs/fidelity.md",
+        "its page goes only where --out says, never into docs/",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.held_out:
