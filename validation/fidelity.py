@@ -189,7 +189,7 @@ FIT_PROVENANCE = (
     (
         "`efficiency.async_step_gap` (the GPU's idle time a step under "
         "`engine.async_scheduling`, set on the rows of vLLM 0.14 or later)",
-        "the emmy rows",
+        "every GPU profile (the rows of vLLM 0.14 or later use it: emmy, tekton)",
         "an estimate: the 150-170 us step gap of vllm-project/vllm#11133's V1 prototype at "
         "batch 256; not fitted",
     ),

@@ -93,6 +93,11 @@ def _measured_seconds(rows: pd.DataFrame) -> np.ndarray:
     return moved / (rows.tbps.to_numpy(dtype=float) * 1e12)
 
 
+def _errors(params: CostParams, rows: pd.DataFrame) -> pd.Series:
+    """Each GEMV row priced with ``params``: predicted / measured - 1."""
+    return pd.Series(_gemv_seconds(params, rows) / _measured_seconds(rows) - 1.0, rows.index)
+
+
 def fit_streaming(gpu: str, rows: pd.DataFrame | None = None) -> StreamFit:
     """``gemm_memory`` for ``gpu`` from its GEMV rows, the rest of its GEMM as its profile
     has it (carried)."""
@@ -100,27 +105,21 @@ def fit_streaming(gpu: str, rows: pd.DataFrame | None = None) -> StreamFit:
     gemv = rows[(rows.kind == "gemv") & (rows.gpu == gpu)]
     fit, check = gemv[gemv.role == "fit"], gemv[gemv.role == "check"]
     base = CostParams.from_hardware(load_hardware(gpu))
-    measured = _measured_seconds(fit)
 
     def loss(memory: float) -> float:
-        predicted = _gemv_seconds(replace(base, gemm_memory_efficiency=memory), fit)
-        return float(np.sum((predicted / measured - 1.0) ** 2))
+        errors = _errors(replace(base, gemm_memory_efficiency=memory), fit)
+        return float(np.sum(errors.to_numpy() ** 2))
 
     memory = float(minimize_scalar(loss, bounds=(0.2, 1.0), method="bounded").x)
     params = replace(base, gemm_memory_efficiency=memory)
-    errors = _gemv_seconds(params, fit) / measured - 1.0
-    checks = _gemv_seconds(params, check) / _measured_seconds(check) - 1.0
-    return StreamFit(
-        gpu, memory, pd.Series(errors, index=fit.index), pd.Series(checks, index=check.index)
-    )
+    return StreamFit(gpu, memory, _errors(params, fit), _errors(params, check))
 
 
 def priced(gpu: str, rows: pd.DataFrame | None = None) -> pd.Series:
     """``gpu``'s GEMV rows priced by its profile as it is: predicted / measured - 1."""
     rows = load_points() if rows is None else rows
     gemv = rows[(rows.kind == "gemv") & (rows.gpu == gpu)]
-    params = CostParams.from_hardware(load_hardware(gpu))
-    return pd.Series(_gemv_seconds(params, gemv) / _measured_seconds(gemv) - 1.0, gemv.index)
+    return _errors(CostParams.from_hardware(load_hardware(gpu)), gemv)
 
 
 def carried_decode(gpu: str, rows: pd.DataFrame | None = None) -> float:
